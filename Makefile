@@ -1,0 +1,72 @@
+# tinyscale: the only entry points. `make serve` shows the course, `make test` checks it.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV        ?= .venv
+PY          := $(VENV)/bin/python
+BIN         := $(VENV)/bin
+# This install path pins torch; the package itself asks only for a range, so a
+# cluster user who runs `pip install -e .` keeps the torch build they have.
+TORCH_VERSION ?= 2.14.1
+# Extra pip arguments for torch, e.g. the CPU wheel index in GitHub Actions.
+TORCH_PIP_ARGS ?=
+STAMP       := $(VENV)/.tinyscale-installed
+MERMAID     := docs/assets/vendor/mermaid.min.js
+
+export NO_MKDOCS_2_WARNING := 1
+export PYTHONDONTWRITEBYTECODE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: help setup system-deps serve build test lint format bench figures clean
+
+help:
+	@echo "make serve    set up, build and serve the course at http://127.0.0.1:8000"
+	@echo "make test     set up and run every check (lint, strict build, tests, page code blocks, browser)"
+	@echo "make setup    create $(VENV) and install everything (idempotent)"
+	@echo "make lint     ruff check + ruff format --check"
+	@echo "make bench    run the benchmarks (ratios measured side by side)"
+	@echo "make figures  regenerate every plot and recorded output the site shows"
+	@echo "make clean    remove build outputs (keeps $(VENV))"
+
+setup: system-deps $(STAMP) $(MERMAID)
+
+system-deps:
+	@bash tools/install_system_packages.sh
+
+$(VENV)/bin/python:
+	python3 -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(VENV)/bin/python
+	$(BIN)/pip install "torch==$(TORCH_VERSION)" $(TORCH_PIP_ARGS)
+	$(BIN)/pip install -e ".[docs,test]"
+	touch $(STAMP)
+
+$(MERMAID):
+	@bash tools/fetch_web_assets.sh
+
+build: setup
+	$(BIN)/mkdocs build --strict
+
+serve: setup
+	$(BIN)/mkdocs serve --strict -a 127.0.0.1:8000
+
+lint: setup
+	$(BIN)/ruff check code tests tools benchmarks
+	$(BIN)/ruff format --check code tests tools benchmarks
+
+format: setup
+	$(BIN)/ruff check --fix code tests tools benchmarks
+	$(BIN)/ruff format code tests tools benchmarks
+
+test: setup lint build
+	$(BIN)/pytest --codeblocks tests docs
+
+bench: setup
+	$(PY) benchmarks/run_all.py
+
+figures: setup
+	$(PY) tools/make_figures.py
+
+clean:
+	rm -rf site .cache/mkdocs build runs logs .pytest_cache .ruff_cache

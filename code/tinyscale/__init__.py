@@ -1,0 +1,1 @@
+"""tinyscale: the code of the course."""

@@ -1,0 +1,79 @@
+# --8<-- [start:logger]
+"""Where a run's numbers go: a JSON-lines file, TensorBoard, and a loss-curve PNG.
+
+Try it:  tensorboard --logdir runs   (after a training run; then open http://localhost:6006)
+"""
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # draw to files; no window, works on servers and in CI
+import matplotlib.pyplot as plt
+from torch.utils.tensorboard import SummaryWriter
+
+
+class MetricsLogger:
+    """Keep every record in memory (it goes into checkpoints) and mirror it to disk.
+
+    On resume, pass the history saved in the checkpoint: the records after the
+    checkpoint's step are dropped, so the curve continues exactly where it was saved.
+    """
+
+    def __init__(self, output_dir: Path, *, history: list[dict[str, Any]] | None = None,
+                 resume_step: int = 0) -> None:  # fmt: skip
+        self.path = output_dir / "metrics.jsonl"
+        self.records = [r for r in (history or []) if r["step"] <= resume_step]
+        # purge_step tells TensorBoard to drop events an interrupted run wrote after it
+        self.tensorboard = SummaryWriter(output_dir / "tensorboard", purge_step=resume_step or None)
+
+    def log(self, step: int, split: str, **values: float) -> None:
+        self.records.append({"step": step, "split": split, **values})
+        for name, value in values.items():
+            self.tensorboard.add_scalar(f"{split}/{name}", value, step)
+
+    def flush(self) -> None:
+        """Rewrite metrics.jsonl atomically and flush TensorBoard."""
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in self.records))
+        os.replace(tmp, self.path)
+        self.tensorboard.flush()
+
+    def close(self) -> None:
+        self.flush()
+        self.tensorboard.close()
+
+
+# --8<-- [end:logger]
+
+
+# --8<-- [start:plot]
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line]
+
+
+def plot_loss_curves(runs: dict[str, list[dict[str, Any]]], png: str | Path, *,
+                     title: str = "TinyTransformer loss") -> Path:  # fmt: skip
+    """Train loss (thin) and held-out loss (markers) against step, one colour per run."""
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    for i, (label, records) in enumerate(runs.items()):
+        colour = f"C{i}"
+        train = [(r["step"], r["loss"]) for r in records if r["split"] == "train"]
+        heldout = [(r["step"], r["loss"]) for r in records if r["split"] == "heldout"]
+        if train:
+            ax.plot(*zip(*train, strict=True), color=colour, alpha=0.35, lw=1)
+        if heldout:
+            ax.plot(*zip(*heldout, strict=True), "o-", color=colour, label=f"{label} held-out")
+    ax.set(xlabel="optimizer step", ylabel="cross-entropy loss (nats)", title=title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(png)
+    plt.close(fig)
+    return Path(png)
+
+
+# --8<-- [end:plot]

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the checks need, when they are missing and we may:
+# as root with apt-get (as in CI). Elsewhere it says what is missing; the tests
+# that need it are then skipped with that reason.
+set -euo pipefail
+
+need=()
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+
+if [ ${#need[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing Debian packages: ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" fonts-dejavu-core >/dev/null
+else
+  echo "note: missing ${need[*]} (install them with your package manager);" \
+       "the checks that need them will be skipped" >&2
+fi
