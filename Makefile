@@ -13,6 +13,10 @@ TORCH_PIP_ARGS ?=
 STAMP       := $(VENV)/.tinyscale-installed
 MERMAID     := docs/assets/vendor/mermaid.min.js
 
+# Commands on the pages say `python` and `torchrun`: they must find the venv's.
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+export VIRTUAL_ENV := $(abspath $(VENV))
+export TINYSCALE_CACHE ?= $(CURDIR)/.cache/tinyscale
 export NO_MKDOCS_2_WARNING := 1
 export PYTHONDONTWRITEBYTECODE := 1
 export TOKENIZERS_PARALLELISM := false
