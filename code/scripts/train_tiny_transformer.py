@@ -49,10 +49,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Check every input before writing anything: a bad flag must not leave a half-made run.
     model_cfg = load_model_config(args.config)
     cfg = TrainConfig(
-        epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-        checkpoint_every=args.checkpoint_every, eval_every=args.eval_every, max_steps=args.max_steps,
-        output_dir=args.output_dir, progress=False if args.no_progress else None,
-    )  # fmt: skip
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        checkpoint_every=args.checkpoint_every,
+        eval_every=args.eval_every,
+        max_steps=args.max_steps,
+        output_dir=args.output_dir,
+        progress=False if args.no_progress else None,
+    )
     device = select_device(args.device)
     resume = load_checkpoint(args.resume, expect=model_cfg) if args.resume else None
 

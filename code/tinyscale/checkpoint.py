@@ -75,27 +75,27 @@ def load_checkpoint(path: str | Path, *, expect: ModelConfig | None = None) -> d
 
 # --8<-- [start:describe]
 def describe_checkpoint(path: str | Path) -> str:
-    """A table of what a checkpoint holds: every tensor's name, shape and bytes."""
+    """What a checkpoint holds: its keys, every weight's shape and bytes, the optimizer's total."""
     state = load_checkpoint(path)
-    lines = [f"{path}: step {state['step']}, epoch {state['epoch']}"]
-    total = 0
-    for section in ("model", "optimizer"):
-        for name, tensor in _tensors(state[section], prefix=section):
-            nbytes = tensor.numel() * tensor.element_size()
-            total += nbytes
-            lines.append(f"  {name:<44} {tuple(tensor.shape)!s:<14} {nbytes:>9,} B")
-    lines.append(f"  {'total tensor bytes':<59} {total:>9,} B")
+    lines = [f"{path}: step {state['step']}, epoch {state['epoch']}", f"keys: {', '.join(state)}"]
+    total, seen = 0, {}
+    for name, tensor in state["model"].items():
+        nbytes = tensor.numel() * tensor.element_size()
+        shape = f"{tuple(tensor.shape)!s:<12} {tensor.dtype}"
+        storage = tensor.untyped_storage().data_ptr()
+        if storage in seen:  # a tied weight: torch.save writes shared storage once
+            lines.append(f"  {name:<28} {shape}  = {seen[storage]} (tied)")
+            continue
+        seen[storage] = name
+        total += nbytes
+        lines.append(f"  {name:<28} {shape} {nbytes:>9,} B")
+    moments = [t for s in state["optimizer"]["state"].values() for t in s.values() if t.dim() > 0]
+    optimizer_bytes = sum(t.numel() * t.element_size() for t in moments)
+    lines.append(
+        f"  {'optimizer state':<28} {len(moments)} tensors (Adam exp_avg, exp_avg_sq) {optimizer_bytes:>9,} B"
+    )
+    lines.append(f"  {'total':<28} {total + optimizer_bytes:>39,} B")
     return "\n".join(lines)
-
-
-def _tensors(obj: Any, prefix: str) -> list[tuple[str, torch.Tensor]]:
-    if isinstance(obj, torch.Tensor):
-        return [(prefix, obj)]
-    if isinstance(obj, dict):
-        return [t for k, v in obj.items() for t in _tensors(v, f"{prefix}.{k}")]
-    if isinstance(obj, list | tuple):
-        return [t for i, v in enumerate(obj) for t in _tensors(v, f"{prefix}.{i}")]
-    return []
 
 
 # --8<-- [end:describe]

@@ -23,11 +23,30 @@ from tinyscale.errors import UsageError
 
 # Files present in every CPython 3.11+; the last ones become the held-out set.
 STDLIB_FILES = (
-    "textwrap.py", "string.py", "heapq.py", "bisect.py", "functools.py", "dataclasses.py",
-    "enum.py", "random.py", "statistics.py", "fractions.py", "shutil.py", "difflib.py",
-    "pprint.py", "csv.py", "calendar.py", "queue.py", "contextlib.py", "copy.py",
-    "glob.py", "fnmatch.py", "tempfile.py", "json/decoder.py", "json/encoder.py",
-)  # fmt: skip
+    "textwrap.py",
+    "string.py",
+    "heapq.py",
+    "bisect.py",
+    "functools.py",
+    "dataclasses.py",
+    "enum.py",
+    "random.py",
+    "statistics.py",
+    "fractions.py",
+    "shutil.py",
+    "difflib.py",
+    "pprint.py",
+    "csv.py",
+    "calendar.py",
+    "queue.py",
+    "contextlib.py",
+    "copy.py",
+    "glob.py",
+    "fnmatch.py",
+    "tempfile.py",
+    "json/decoder.py",
+    "json/encoder.py",
+)
 
 
 def stdlib_corpus_paths() -> list[Path]:

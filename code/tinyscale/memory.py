@@ -26,8 +26,10 @@ class StateBytes:
         return self.params + self.grads + self.optimizer
 
     def __str__(self) -> str:
-        return (f"weights {human_bytes(self.params)} + gradients {human_bytes(self.grads)} + "
-                f"optimizer {human_bytes(self.optimizer)} = {human_bytes(self.total)}")  # fmt: skip
+        return (
+            f"weights {human_bytes(self.params)} + gradients {human_bytes(self.grads)} + "
+            f"optimizer {human_bytes(self.optimizer)} = {human_bytes(self.total)}"
+        )
 
 
 def human_bytes(n: float) -> str:

@@ -23,12 +23,14 @@ class MetricsLogger:
     checkpoint's step are dropped, so the curve continues exactly where it was saved.
     """
 
-    def __init__(self, output_dir: Path, *, history: list[dict[str, Any]] | None = None,
-                 resume_step: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self, output_dir: Path, *, history: list[dict[str, Any]] | None = None, resume_step: int = 0
+    ) -> None:
         self.path = output_dir / "metrics.jsonl"
         self.records = [r for r in (history or []) if r["step"] <= resume_step]
-        # purge_step tells TensorBoard to drop events an interrupted run wrote after it
-        self.tensorboard = SummaryWriter(output_dir / "tensorboard", purge_step=resume_step or None)
+        # purge_step: TensorBoard hides older events from this step on (those of an
+        # interrupted run after its checkpoint, or of an earlier run in the same directory)
+        self.tensorboard = SummaryWriter(output_dir / "tensorboard", purge_step=resume_step)
 
     def log(self, step: int, split: str, **values: float) -> None:
         self.records.append({"step": step, "split": split, **values})
@@ -55,8 +57,9 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line]
 
 
-def plot_loss_curves(runs: dict[str, list[dict[str, Any]]], png: str | Path, *,
-                     title: str = "TinyTransformer loss") -> Path:  # fmt: skip
+def plot_loss_curves(
+    runs: dict[str, list[dict[str, Any]]], png: str | Path, *, title: str = "TinyTransformer loss"
+) -> Path:
     """Train loss (thin) and held-out loss (markers) against step, one colour per run."""
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
     for i, (label, records) in enumerate(runs.items()):

@@ -175,9 +175,15 @@ class TrainResult:
 # --8<-- [end:result]
 
 
-# --8<-- [start:train]
-def train(model: TinyTransformer, data: LMData, cfg: TrainConfig, device: torch.device, *,
-          resume: dict[str, Any] | None = None) -> TrainResult:  # fmt: skip
+# --8<-- [start:train_setup]
+def train(
+    model: TinyTransformer,
+    data: LMData,
+    cfg: TrainConfig,
+    device: torch.device,
+    *,
+    resume: dict[str, Any] | None = None,
+) -> TrainResult:
     """Train for cfg.epochs; evaluate, log and checkpoint on the way; resume exactly."""
     out = Path(cfg.output_dir)
     steps_per_epoch = len(data.train) // cfg.batch_size
@@ -202,9 +208,9 @@ def train(model: TinyTransformer, data: LMData, cfg: TrainConfig, device: torch.
             f"the checkpoint is at step {step}, the end of this run: raise --epochs to train further"
         )
     logger = MetricsLogger(out, history=resume["history"] if resume else None, resume_step=step)
-    # --8<-- [end:train]
+    # --8<-- [end:train_setup]
 
-    # --8<-- [start:checkpoint_fn]
+    # --8<-- [start:checkpoint_and_eval]
     def checkpoint() -> Path:
         logger.flush()
         return save_checkpoint(
@@ -234,7 +240,7 @@ def train(model: TinyTransformer, data: LMData, cfg: TrainConfig, device: torch.
             line += f" | {tokens_per_second:,.0f} tokens/s"
         tqdm.write(line)
 
-    # --8<-- [end:checkpoint_fn]
+    # --8<-- [end:checkpoint_and_eval]
 
     # --8<-- [start:loop]
     if step == 0:

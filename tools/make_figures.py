@@ -1,0 +1,135 @@
+"""Regenerate every figure and recorded output the site shows.
+
+Run:  make figures          (or: python tools/make_figures.py [lab1 layers memory])
+
+Each figure comes from a real run of the course code on this machine; tests under
+tests/docs/ re-run the same commands and compare what they measure with what is here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "docs" / "generated"
+RUNS = ROOT / "runs" / "figures"
+SCRIPT = ROOT / "code" / "scripts" / "train_tiny_transformer.py"
+
+# The exact command Lab 1 shows (run from the repository root).
+LAB1_ARGS = ["--epochs", "2"]
+
+
+def run_lab1(out_dir: Path, *extra: str) -> str:
+    """Run the Lab 1 script as the reader would and return what it printed."""
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    cmd = [sys.executable, str(SCRIPT), *LAB1_ARGS, "--output-dir", str(out_dir), *extra]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True)
+    return done.stdout.replace(str(ROOT) + "/", "")
+
+
+def lab1() -> None:
+    """The Lab 1 run: its printed output, its loss curve and its metrics."""
+    dest = OUT / "lab1"
+    dest.mkdir(parents=True, exist_ok=True)
+    run_dir = RUNS / "lab1"
+    stdout = run_lab1(run_dir)
+    stdout = stdout.replace(str(run_dir.relative_to(ROOT)), "runs/lab1")
+    (dest / "train.txt").write_text(stdout)
+    shutil.copy(run_dir / "loss_curve.png", dest / "loss_curve.png")
+    shutil.copy(run_dir / "metrics.jsonl", dest / "metrics.jsonl")
+    print(f"wrote {dest}/train.txt, loss_curve.png, metrics.jsonl")
+
+
+def layers() -> None:
+    """The Lab 1 challenge: num_hidden_layers 2 -> 4, same everything else."""
+    from tinyscale.metrics import plot_loss_curves, read_metrics
+
+    dest = OUT / "lab1"
+    dest.mkdir(parents=True, exist_ok=True)
+    base = json.loads((ROOT / "code" / "config" / "config.json").read_text())
+    runs, rows = {}, []
+    for n in (2, 4):
+        config = RUNS / f"config-{n}-layers.json"
+        config.parent.mkdir(parents=True, exist_ok=True)
+        config.write_text(json.dumps({**base, "num_hidden_layers": n}, indent=2))
+        stdout = run_lab1(RUNS / f"layers-{n}", "--config", str(config))
+        records = read_metrics(RUNS / f"layers-{n}" / "metrics.jsonl")
+        runs[f"{n} layers"] = records
+        heldout = [r for r in records if r["split"] == "heldout"]
+        summary = stdout.strip().splitlines()[-1]
+        tokens_per_s = float(summary.split("(")[1].split(" tokens/s")[0].replace(",", ""))
+        seconds = float(summary.split(" steps in ")[1].split(" s")[0])
+        params = int(stdout.split(" parameters")[0].split("| ")[-1].replace(",", ""))
+        rows.append((n, params, heldout[1]["loss"], heldout[-1]["loss"], tokens_per_s, seconds))
+    plot_loss_curves(runs, dest / "layers_2_vs_4.png", title="Lab 1 challenge: 2 vs 4 layers")
+    lines = [
+        "| layers | parameters | held-out loss, step 50 | held-out loss, end | tokens/s | training time |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {n} | {p:,} | {early:.3f} | {end:.3f} | {tps:,.0f} | {sec:.1f} s |"
+        for n, p, early, end, tps, sec in rows
+    ]
+    (dest / "layers_2_vs_4.md").write_text("\n".join(lines) + "\n")
+    (dest / "layers_2_vs_4.json").write_text(
+        json.dumps(
+            {
+                f"{n}": {"heldout": [r for r in runs[f"{n} layers"] if r["split"] == "heldout"]}
+                for n in (2, 4)
+            },
+            indent=1,
+        )
+    )
+    print(f"wrote {dest}/layers_2_vs_4.png, .md, .json")
+
+
+def memory() -> None:
+    """Session A: bytes of model states for well-known model sizes against GPU memory."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tinyscale.memory import model_state_bytes
+
+    dest = OUT / "session_a"
+    dest.mkdir(parents=True, exist_ok=True)
+    sizes = {"GPT-2 small\n124M": 124e6, "1.3B": 1.3e9, "7B": 7e9, "13B": 13e9, "70B": 70e9}
+    gib = 2**30
+    states = [model_state_bytes(n, "mixed") for n in sizes.values()]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
+    x = range(len(sizes))
+    bottom = [0.0] * len(sizes)
+    for label, key in (
+        ("weights (2 B)", "params"),
+        ("gradients (2 B)", "grads"),
+        ("Adam + fp32 master (12 B)", "optimizer"),
+    ):
+        values = [getattr(s, key) / gib for s in states]
+        ax.bar(x, values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    for gpu, mem in (("one 80 GB GPU", 80e9 / gib), ("one 24 GB GPU", 24e9 / gib)):
+        ax.axhline(mem, ls="--", color="k", lw=1)
+        ax.text(len(sizes) - 0.5, mem, gpu, ha="right", va="bottom", fontsize=8)
+    ax.set_xticks(list(x), list(sizes))
+    ax.set_yscale("log")
+    ax.set(
+        ylabel="GiB (log scale)", title="Model states for mixed-precision Adam: 16 bytes/parameter"
+    )
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(dest / "model_states_by_size.png")
+    plt.close(fig)
+    print(f"wrote {dest}/model_states_by_size.png")
+
+
+FIGURES = {"lab1": lab1, "layers": layers, "memory": memory}
+
+if __name__ == "__main__":
+    for name in sys.argv[1:] or FIGURES:
+        FIGURES[name]()
