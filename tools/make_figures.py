@@ -45,6 +45,24 @@ def lab1() -> None:
     print(f"wrote {dest}/train.txt, loss_curve.png, metrics.jsonl")
 
 
+# The laptop command of the Overview page.
+OVERVIEW_ARGS = ["--epochs", "1", "--max-steps", "20", "--eval-every", "10", "--device", "cpu"]
+
+
+def overview() -> None:
+    """The Overview's laptop run: its printed output."""
+    dest = OUT / "overview"
+    dest.mkdir(parents=True, exist_ok=True)
+    run_dir = RUNS / "overview"
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+    cmd = [sys.executable, str(SCRIPT), *OVERVIEW_ARGS, "--output-dir", str(run_dir)]
+    stdout = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    stdout = stdout.replace(str(run_dir), "runs/overview")
+    (dest / "train.txt").write_text(stdout)
+    print(f"wrote {dest}/train.txt")
+
+
 def layers() -> None:
     """The Lab 1 challenge: num_hidden_layers 2 -> 4, same everything else."""
     from tinyscale.metrics import plot_loss_curves, read_metrics
@@ -128,7 +146,7 @@ def memory() -> None:
     print(f"wrote {dest}/model_states_by_size.png")
 
 
-FIGURES = {"lab1": lab1, "layers": layers, "memory": memory}
+FIGURES = {"lab1": lab1, "overview": overview, "layers": layers, "memory": memory}
 
 if __name__ == "__main__":
     for name in sys.argv[1:] or FIGURES:

@@ -200,7 +200,7 @@ def train(
         model.load_state_dict(resume["model"])
         optimizer.load_state_dict(resume["optimizer"])
         torch.set_rng_state(resume["rng_cpu"])  # dropout masks continue where they stopped
-        if device.type == "cuda":
+        if device.type == "cuda" and resume["rng_device"] is not None:  # saved on a GPU too
             torch.cuda.set_rng_state(resume["rng_device"])
         step = resume["step"]
     if step >= stop_at:

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = shutil.which("chromium")
+# Debian's chromium; elsewhere (GitHub Actions) point TINYSCALE_CHROMIUM at a Chromium binary.
+CHROMIUM = os.environ.get("TINYSCALE_CHROMIUM") or shutil.which("chromium")
 if CHROMIUM is None:
     pytest.skip(
         "chromium is not installed (Debian: apt-get install chromium)", allow_module_level=True

@@ -72,3 +72,15 @@ def test_challenge_table_matches_its_json(layers: dict[str, list[dict]]) -> None
         cells = [c.strip() for c in row.strip("|").split("|")]
         assert float(cells[2]) == round(records[1]["loss"], 3)
         assert float(cells[3]) == round(records[-1]["loss"], 3)
+
+
+def test_overview_recorded_output_matches_a_fresh_run(tmp_path: Path) -> None:
+    from conftest import load_script
+
+    args = ["--epochs", "1", "--max-steps", "20", "--eval-every", "10", "--device", "cpu"]
+    assert load_script("train_tiny_transformer").main([*args, "--output-dir", str(tmp_path)]) == 0
+    fresh = [r["loss"] for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "heldout"]
+    text = (GENERATED / "overview" / "train.txt").read_text()
+    printed = [float(x) for x in re.findall(r"held-out loss (\d+\.\d+) \|", text)]
+    assert len(printed) == len(fresh) == 3
+    assert all(abs(p - f) <= LOSS_TOLERANCE for p, f in zip(printed, fresh, strict=True))
