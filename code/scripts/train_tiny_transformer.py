@@ -12,16 +12,14 @@ from collections.abc import Sequence
 from tinyscale.checkpoint import load_checkpoint
 from tinyscale.config import DEFAULT_CONFIG_PATH, load_model_config
 from tinyscale.data import build_datasets
-from tinyscale.errors import run_cli
+from tinyscale.errors import ArgumentParser, run_cli
 from tinyscale.model import TinyTransformer
 from tinyscale.training import DEVICES, TrainConfig, seed_everything, select_device, train
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     defaults = TrainConfig()
-    p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(DEFAULT_CONFIG_PATH), help="model config JSON")
     p.add_argument("--epochs", type=int, default=defaults.epochs)
     p.add_argument("--batch-size", type=int, default=defaults.batch_size)

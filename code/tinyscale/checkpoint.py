@@ -58,7 +58,10 @@ def load_checkpoint(path: str | Path, *, expect: ModelConfig | None = None) -> d
             "resume from an earlier checkpoint or start without --resume"
         ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise UsageError(f"{path} is not a tinyscale checkpoint (no '{FORMAT}' marker)")
+        raise UsageError(
+            f"{path} is not a tinyscale checkpoint (no '{FORMAT}' marker): "
+            "pass a runs/<name>/checkpoints/step_*.pt file written by the course scripts"
+        )
     if expect is not None:
         saved = state["model_config"]
         for key, value in dataclasses.asdict(expect).items():

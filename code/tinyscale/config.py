@@ -7,6 +7,7 @@ Try it:  python -c "from tinyscale.config import load_model_config as f; print(f
 import dataclasses
 import difflib
 import json
+import math
 from pathlib import Path
 
 from tinyscale.errors import UsageError
@@ -33,9 +34,11 @@ class ModelConfig:
             if field.type is int and (isinstance(value, bool) or not isinstance(value, int)):
                 raise UsageError(f"{field.name} must be a whole number, got {value!r}")
             if field.type is float and (
-                isinstance(value, bool) or not isinstance(value, int | float)
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not math.isfinite(value)
             ):
-                raise UsageError(f"{field.name} must be a number, got {value!r}")
+                raise UsageError(f"{field.name} must be a finite number, got {value!r}")
             if field.name != "dropout" and value <= 0:
                 raise UsageError(f"{field.name} must be positive, got {value}")
         if not 0 <= self.dropout < 1:

@@ -129,9 +129,12 @@ def download_corpus(name: str, *, url: str | None = None) -> Path:
 
 def _atomic_write_bytes(dest: Path, payload: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
-    with os.fdopen(fd, "wb") as f:
-        f.write(payload)
-    os.replace(tmp, dest)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
+        os.replace(tmp, dest)
+    finally:
+        Path(tmp).unlink(missing_ok=True)  # only still there if the write or rename failed
 
 
 # --8<-- [end:download]

@@ -28,9 +28,10 @@ class MetricsLogger:
     ) -> None:
         self.path = output_dir / "metrics.jsonl"
         self.records = [r for r in (history or []) if r["step"] <= resume_step]
-        # purge_step: TensorBoard hides older events from this step on (those of an
-        # interrupted run after its checkpoint, or of an earlier run in the same directory)
-        self.tensorboard = SummaryWriter(output_dir / "tensorboard", purge_step=resume_step)
+        # purge_step: TensorBoard hides older events from this step on: those an interrupted
+        # run wrote after its checkpoint, or all of an earlier run in the same directory
+        purge_step = resume_step + 1 if resume_step else 0
+        self.tensorboard = SummaryWriter(output_dir / "tensorboard", purge_step=purge_step)
 
     def log(self, step: int, split: str, **values: float) -> None:
         self.records.append({"step": step, "split": split, **values})
@@ -72,7 +73,8 @@ def plot_loss_curves(
             ax.plot(*zip(*heldout, strict=True), "o-", color=colour, label=f"{label} held-out")
     ax.set(xlabel="optimizer step", ylabel="cross-entropy loss (nats)", title=title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    if ax.get_legend_handles_labels()[1]:
+        ax.legend()
     fig.tight_layout()
     fig.savefig(png)
     plt.close(fig)

@@ -123,7 +123,8 @@ def epoch_batches(
     incomplete batch, so every step sees the same number of tokens."""
     generator = torch.Generator().manual_seed(seed + epoch)
     order = torch.randperm(num_samples, generator=generator)
-    return list(order[: num_samples - num_samples % batch_size].split(batch_size))
+    usable = num_samples - num_samples % batch_size
+    return list(order[:usable].split(batch_size)) if usable else []
 
 
 def get_batch(
@@ -273,8 +274,10 @@ def train(
             )
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.3f}")
-            if step % cfg.eval_every == 0 or step == stop_at:
-                log_heldout((step - first_step) * tokens_per_step / trained_seconds)
+            if step % cfg.eval_every == 0 or step == total_steps:  # not at an early stop:
+                log_heldout(
+                    (step - first_step) * tokens_per_step / trained_seconds
+                )  # resumes match
             if step % cfg.checkpoint_every == 0 or step == stop_at:
                 final = checkpoint()
             if step == stop_at:
