@@ -1,0 +1,288 @@
+"""Lab 2, code/scripts/ddp_simulation_train.py, run for real: torchrun, gloo, N processes.
+
+Each multi-process run is a real ``torchrun`` on its own free port, OMP_NUM_THREADS=1 and
+a subprocess timeout, so a hang fails the test instead of blocking it. Few runs, each
+checked for several things:
+
+- world 2 (the Lab 2 command, 40 steps): one log per rank with rank, local rank, world
+  size, step, loss, tokens/s; parameters identical on every rank after every step (the
+  logged fingerprint difference is exactly 0); per-rank losses differ yet stay close to
+  the global loss; every rank consumes micro x accum samples per step and together they
+  consume the global batch.
+- world 1 vs world 2 with accumulation (dropout 0): the same parameters after 20 steps
+  within PARITY_TOLERANCE — DDP + no_sync equals one process on the combined batch.
+- failure lab: ``--fail-rank 2`` with 4 processes: torchrun exits non-zero within 60 s,
+  every rank is reported failed, and the root cause names rank 2 and its traceback.
+- hang: a skipped collective is ended by the process-group timeout, in bounded time.
+- elastic restart: ``--max-restarts 1`` with one injected failure resumes from the last
+  checkpoint and ends bit-for-bit where the uninterrupted run ends.
+- bad input: one ``error:`` line, exit code 2, nothing written (in-process, fast).
+"""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from conftest import ROOT, load_script
+from tinyscale.checkpoint import load_checkpoint
+from tinyscale.errors import run_cli
+
+SCRIPT = "code/scripts/ddp_simulation_train.py"
+LAB_ARGS = ["--max-steps", "40", "--log-every", "1"]  # the page's command, logged every step
+PARITY_TOLERANCE = 5e-5  # max |Δ| of any weight after 20 AdamW steps; measured 7.6e-6
+CLOSE_LOSSES = 0.25  # nats: two ranks' losses on different shards of the same batch
+LINE = re.compile(
+    r"rank (?P<rank>\d+)/(?P<world>\d+) local_rank (?P<local>\d+) \| step +(?P<step>\d+)/\d+ "
+    r"\| loss (?P<loss>[\d.]+) \| global loss (?P<global_loss>[\d.]+) \| tokens/s (?P<tps>[\d,]+) "
+    r"\| samples (?P<samples>\d+) \| max param diff vs rank 0 (?P<diff>\S+)$"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(
+    nproc: int, out: Path, *args: str, restarts: int = 0, timeout: float = 120, **env: str
+) -> tuple[subprocess.CompletedProcess, float]:
+    """Run the script under torchrun on a free port; return (result, seconds).
+
+    Elastic restarts need the c10d rendezvous (a new round per attempt); a single attempt
+    uses the static one, which starts about 5 s faster here.
+    """
+    port = free_port()
+    rdzv = [f"--master-port={port}"]
+    if restarts:
+        rdzv = ["--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}"]
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+        *rdzv, f"--max-restarts={restarts}", SCRIPT,
+        *args, "--output-dir", str(out), "--log-dir", str(out / "logs"),
+    ]  # fmt: skip
+    t0 = time.monotonic()
+    done = subprocess.run(
+        cmd,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+    )
+    return done, time.monotonic() - t0
+
+
+def single_process(out: Path, *args: str) -> subprocess.CompletedProcess:
+    """World size 1 without torchrun: the variables torchrun would set, by hand."""
+    env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    env |= {"MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, SCRIPT, *args, "--output-dir", str(out), "--log-dir", str(out / "logs")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+        check=True,
+    )
+
+
+def steps(out: Path, rank: int) -> list[dict[str, Any]]:
+    lines = (out / "logs" / f"rank_{rank}" / "train.log").read_text().splitlines()
+    return [m.groupdict() for line in lines if (m := LINE.search(line))]
+
+
+def no_dropout_config(tmp_path: Path) -> Path:
+    config = json.loads((ROOT / "code" / "config" / "config.json").read_text())
+    path = tmp_path / "no-dropout.json"
+    path.write_text(json.dumps({**config, "dropout": 0.0}))  # dropout masks differ by rank
+    return path
+
+
+# ----------------------------------------------------------------- the Lab 2 run, world 2
+
+
+@pytest.fixture(scope="module")
+def world2(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("world2")
+    done, _ = torchrun(2, out, *LAB_ARGS)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def test_one_log_per_rank_with_the_promised_fields(world2: Path) -> None:
+    for rank in (0, 1):
+        records = steps(world2, rank)
+        assert [int(r["step"]) for r in records] == list(range(1, 41))
+        assert {(r["rank"], r["world"], r["local"]) for r in records} == {
+            (str(rank), "2", str(rank))
+        }
+        assert all(int(r["tps"].replace(",", "")) > 0 for r in records)
+    summary = (world2 / "logs" / "rank_0" / "train.log").read_text()
+    assert "summary rank 1: mean loss" in summary and "tokens/s over 2 ranks" in summary
+    assert "summary" not in (world2 / "logs" / "rank_1" / "train.log").read_text()
+
+
+def test_parameters_are_identical_on_every_rank_after_every_step(world2: Path) -> None:
+    for rank in (0, 1):
+        diffs = [float(r["diff"]) for r in steps(world2, rank)]
+        assert len(diffs) == 40 and set(diffs) == {0.0}  # bit for bit, not merely close
+
+
+def test_per_rank_losses_differ_but_stay_close(world2: Path) -> None:
+    r0, r1 = steps(world2, 0), steps(world2, 1)
+    pairs = [
+        (float(a["loss"]), float(b["loss"]), float(a["global_loss"]))
+        for a, b in zip(r0, r1, strict=False)
+    ]
+    assert sum(a != b for a, b, _ in pairs) >= 38, "different shards, different losses"
+    assert max(abs(a - b) for a, b, _ in pairs) < CLOSE_LOSSES
+    # the global loss is the mean of the two (both printed to 4 decimals)
+    assert all(abs((a + b) / 2 - g) <= 1.5e-4 for a, b, g in pairs)
+    assert [a["global_loss"] for a in r0] == [b["global_loss"] for b in r1]
+
+
+def test_every_rank_consumes_its_share_of_the_global_batch(world2: Path) -> None:
+    summary = json.loads((world2 / "summary.json").read_text())
+    assert summary["micro_batch_size"] * summary["grad_accum_steps"] * 2 == 32
+    per_step = [
+        int(a["samples"]) + int(b["samples"])
+        for a, b in zip(steps(world2, 0), steps(world2, 1), strict=False)
+    ]
+    assert per_step == [32] * 40  # micro 16 x accum 1 x world 2, measured at every step
+    assert [r["tokens"] for r in summary["per_rank"]] == [40 * 16 * 64] * 2
+
+
+# --------------------------------------------------------- parity: DDP == one process
+
+
+def test_ddp_with_accumulation_equals_one_process_on_the_combined_batch(tmp_path: Path) -> None:
+    config = no_dropout_config(tmp_path)
+    args = ["--config", str(config), "--max-steps", "20", "--log-every", "1"]
+    single_process(tmp_path / "w1", *args)
+    done, _ = torchrun(2, tmp_path / "w2", *args, "--grad-accum-steps", "2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    one = load_checkpoint(tmp_path / "w1" / "checkpoints" / "step_000020.pt")
+    ddp = load_checkpoint(tmp_path / "w2" / "checkpoints" / "step_000020.pt")
+    worst = max((one["model"][k] - ddp["model"][k]).abs().max().item() for k in one["model"])
+    assert worst < PARITY_TOLERANCE, worst
+    assert worst > 0 or torch.equal(one["model"]["tok_emb.weight"], ddp["model"]["tok_emb.weight"])
+    g1 = [float(r["global_loss"]) for r in steps(tmp_path / "w1", 0)]
+    g2 = [float(r["global_loss"]) for r in steps(tmp_path / "w2", 0)]
+    assert max(abs(a - b) for a, b in zip(g1, g2, strict=True)) <= 2e-4
+    # each rank read micro 8 x accum 2 = 16 samples per step; one process read all 32
+    assert {r["samples"] for r in steps(tmp_path / "w2", 1)} == {"16"}
+    assert {r["samples"] for r in steps(tmp_path / "w1", 0)} == {"32"}
+
+
+# -------------------------------------------------------------------------- failure lab
+
+
+def test_a_failing_rank_takes_the_job_down_and_is_named(tmp_path: Path) -> None:
+    done, seconds = torchrun(
+        4, tmp_path, "--max-steps", "40", "--fail-rank", "2", "--fail-step", "3"
+    )
+    assert done.returncode != 0 and seconds < 60
+    report = done.stderr[done.stderr.index("FAILED") :]
+    failures = re.findall(r"rank\s+: (\d) \(local_rank: \d\)\n\s+exitcode\s+: (-?\d+)", report)
+    assert sorted(int(r) for r, _ in failures) == [0, 1, 2, 3], "every rank is accounted for"
+    assert all(int(code) != 0 for _, code in failures)
+    root = report[report.index("Root Cause") :]
+    assert re.search(r"rank\s+: 2 \(local_rank: 2\)", root)
+    assert "error_file: " in root and "RuntimeError: injected failure on rank 2 at step 3" in root
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_a_skipped_collective_hangs_until_the_process_group_timeout(tmp_path: Path) -> None:
+    args = [*LAB_ARGS, "--hang-rank", "1", "--hang-step", "3", "--timeout-s", "5"]
+    done, seconds = torchrun(2, tmp_path, *args)
+    assert done.returncode != 0
+    assert seconds < 45, "the 5 s timeout, not the test's, ended it"
+    assert re.search(r"Timed out waiting 5000ms for (recv|send) operation", done.stderr)
+    assert "step    2/103" in (tmp_path / "logs" / "rank_0" / "train.log").read_text()
+
+
+def test_elastic_restart_resumes_and_matches_the_uninterrupted_run(
+    world2: Path, tmp_path: Path
+) -> None:
+    args = [*LAB_ARGS, "--checkpoint-every", "10", "--resume", "auto"]
+    done, _ = torchrun(2, tmp_path, *args, "--fail-rank", "1", "--fail-step", "13", restarts=1)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "injected failure on rank 1 at step 13" in done.stderr  # it did fail once
+    log = (tmp_path / "logs" / "rank_0" / "train.log").read_text()
+    assert "resumed from step 10" in log and "restart 1" in log
+    resumed = json.loads((tmp_path / "summary.json").read_text())
+    uninterrupted = json.loads((world2 / "summary.json").read_text())
+    assert resumed["final_loss"] == uninterrupted["final_loss"]
+    assert resumed["heldout_loss"] == uninterrupted["heldout_loss"]
+    a = load_checkpoint(tmp_path / "checkpoints" / "step_000040.pt")["model"]
+    b = load_checkpoint(world2 / "checkpoints" / "step_000040.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a), "bit-for-bit the same weights"
+
+
+# ---------------------------------------------------------------------------- bad input
+
+
+BAD_INPUTS = [
+    (
+        ["--global-batch-size", "30"],
+        {"WORLD_SIZE": "4"},
+        "error: --global-batch-size 30 is not divisible by world size 4 x --grad-accum-steps 1 "
+        "= 4: use a multiple of 4, e.g. 28 or 32",
+    ),
+    (
+        ["--global-batch-size", "8192"],
+        {"WORLD_SIZE": "4096"},
+        "error: 4096 processes but only 3319 training samples: every rank needs at least one; "
+        "use fewer processes (--nproc_per_node) or more data",
+    ),
+    (
+        ["--fail-rank", "2", "--fail-step", "5"],
+        {"WORLD_SIZE": "2"},
+        "error: --fail-rank 2 is outside the world: ranks are 0..1",
+    ),
+    (
+        [],
+        {"MASTER_ADDR": "", "MASTER_PORT": ""},
+        "error: MASTER_ADDR and MASTER_PORT not set: export MASTER_ADDR=<rank 0's host> "
+        "MASTER_PORT=<free port>, or launch with torchrun, which sets them",
+    ),
+    (
+        ["--precision", "fp16", "--device", "cpu"],
+        {},
+        "error: fp16 needs a CUDA GPU (device is cpu); use bf16 on CPU",
+    ),
+]
+
+
+@pytest.mark.parametrize("argv,env,message", BAD_INPUTS, ids=lambda v: None)
+def test_bad_input_is_one_line_and_exit_code_2(
+    argv: list[str],
+    env: dict[str, str],
+    message: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    base = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
+    for key, value in {**base, **env}.items():
+        if value:
+            monkeypatch.setenv(key, value)
+        else:
+            monkeypatch.delenv(key, raising=False)
+    script = load_script("ddp_simulation_train")
+    out = tmp_path / "out"
+    argv = [*argv, "--output-dir", str(out), "--log-dir", str(tmp_path / "logs")]
+    assert run_cli(script.main, argv) == 2
+    assert capsys.readouterr().err == message + "\n"
+    assert not out.exists() and not (tmp_path / "logs").exists()
