@@ -43,7 +43,7 @@ $(VENV)/bin/python:
 
 $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(BIN)/pip install "torch==$(TORCH_VERSION)" $(TORCH_PIP_ARGS)
-	$(BIN)/pip install -e ".[docs,test]"
+	$(BIN)/pip install -e ".[docs,test,cluster]"
 	touch $(STAMP)
 
 $(MERMAID):
@@ -71,6 +71,7 @@ bench: setup
 
 figures: setup
 	$(PY) tools/make_figures.py
+	for script in tools/figures_*.py; do $(PY) $$script || exit 1; done
 
 clean:
 	rm -rf site .cache/mkdocs build runs logs .pytest_cache .ruff_cache

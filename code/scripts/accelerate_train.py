@@ -1,0 +1,382 @@
+# --8<-- [start:setup]
+"""The Lab 1 loop on N processes with Hugging Face Accelerate: same model, same data, same steps.
+
+Launch:  accelerate launch --multi_gpu --num_processes 2 code/scripts/accelerate_train.py --cpu
+GPUs:    accelerate launch --multi_gpu --num_processes 8 --mixed_precision bf16 code/scripts/accelerate_train.py
+
+On a machine without GPUs, `--multi_gpu` only means "start N processes with torchrun" and the
+script's `--cpu` makes them CPU processes that talk over gloo. `accelerate launch --cpu
+--num_processes 2` would start ONE process (Accelerate's own multi-CPU mode needs mpirun):
+the script refuses that launch with a one-line error that names the command above.
+"""
+
+import argparse
+import dataclasses
+import hashlib
+import logging
+import os
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import torch
+from accelerate import Accelerator
+from accelerate.logging import MultiProcessAdapter, get_logger
+from accelerate.utils import DataLoaderConfiguration, gather_object, set_seed
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from tinyscale.checkpoint import save_checkpoint
+from tinyscale.config import DEFAULT_CONFIG_PATH, load_model_config
+from tinyscale.data import build_datasets
+from tinyscale.errors import ArgumentParser, UsageError, run_cli
+from tinyscale.metrics import MetricsLogger
+from tinyscale.model import TinyTransformer
+from tinyscale.training import TrainConfig, evaluate, lr_at, make_optimizer
+
+PRECISIONS = ("no", "bf16", "fp16")
+LAUNCH = "accelerate launch --multi_gpu --num_processes 2 code/scripts/accelerate_train.py --cpu"
+# --8<-- [end:setup]
+
+
+# --8<-- [start:args]
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    defaults = TrainConfig(output_dir="runs/accelerate")
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(DEFAULT_CONFIG_PATH), help="model config JSON")
+    p.add_argument("--epochs", type=int, default=defaults.epochs)
+    p.add_argument(
+        "--global-batch-size",
+        type=int,
+        default=defaults.batch_size,
+        help="blocks per optimizer step, all processes together (Lab 1's --batch-size)",
+    )
+    p.add_argument(
+        "--grad-accum-steps", type=int, default=1, help="micro-batches per optimizer step"
+    )
+    p.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate")
+    p.add_argument("--seed", type=int, default=defaults.seed)
+    p.add_argument("--max-steps", type=int, default=None, help="stop early, as if interrupted")
+    p.add_argument("--eval-every", type=int, default=defaults.eval_every, help="steps")
+    p.add_argument("--checkpoint-every", type=int, default=defaults.checkpoint_every, help="steps")
+    p.add_argument(
+        "--mixed-precision",
+        choices=PRECISIONS,
+        default=None,
+        help="default: what `accelerate launch --mixed_precision` says, else no",
+    )
+    p.add_argument(
+        "--cpu", action="store_true", help="CPU processes over gloo, even if there are GPUs"
+    )
+    p.add_argument("--output-dir", default=defaults.output_dir)
+    p.add_argument("--log-dir", default="logs/accelerate", help="<log-dir>/rank_<N>/train.log")
+    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    return p.parse_args(argv)
+
+
+# --8<-- [end:args]
+
+
+# --8<-- [start:checks]
+def check_launch(environ: Mapping[str, str]) -> None:
+    """Refuse `accelerate launch --cpu --num_processes N`: it sets MASTER_ADDR for N processes
+    but starts one, which would then train alone while the reader believes it has company."""
+    mpi = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
+    forced_cpu = environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+    alone = "WORLD_SIZE" not in environ and not any(k in environ for k in mpi)
+    if forced_cpu and alone and "MASTER_ADDR" in environ:
+        raise UsageError(
+            "`accelerate launch --cpu` starts one process, whatever --num_processes says (its "
+            f"multi-CPU mode needs mpirun): launch with `{LAUNCH}`"
+        )
+
+
+def check_accelerator(
+    accelerator: Accelerator, environ: Mapping[str, str], *, global_batch: int, accum: int
+) -> int:
+    """What only the Accelerator knows: its processes and its device. Returns the micro-batch."""
+    launched = int(environ.get("WORLD_SIZE", "1"))
+    if accelerator.num_processes != launched:
+        raise UsageError(
+            f"the launcher started {launched} processes but Accelerate found no GPU for them "
+            f"and runs each alone: add --cpu after the script, `{LAUNCH}`"
+        )
+    if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
+        raise UsageError(
+            "fp16 autocast needs a GPU (on CPU Accelerate would silently train in fp32): "
+            "use --mixed-precision bf16 or no"
+        )
+    per_step = accelerator.num_processes * accum
+    if global_batch % per_step:
+        lower, upper = (
+            global_batch // per_step * per_step,
+            (global_batch // per_step + 1) * per_step,
+        )
+        raise UsageError(
+            f"--global-batch-size {global_batch} is not divisible by {accelerator.num_processes} "
+            f"processes x {accum} accumulation steps = {per_step}: use a multiple of {per_step}, "
+            f"e.g. {lower or upper} or {upper}"
+        )
+    return global_batch // per_step
+
+
+# --8<-- [end:checks]
+
+
+# --8<-- [start:logging]
+class TqdmHandler(logging.Handler):
+    """Print through tqdm, so that a line appears above the progress bar, not inside it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        tqdm.write(self.format(record), file=sys.stdout)
+
+
+def process_logger(accelerator: Accelerator, log_dir: str | Path) -> MultiProcessAdapter:
+    """Every process writes <log_dir>/rank_<N>/train.log; only the main process prints.
+
+    Accelerate's adapter logs on the main process only, unless told `main_process_only=False`,
+    and starts every message with the process's rank: `[RANK 1] ...`. DEBUG lines (every
+    process's own shard, every step) go to the files only; INFO lines also to the console.
+    """
+    rank = accelerator.process_index
+    path = Path(log_dir) / f"rank_{rank}" / "train.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    base = logging.getLogger(f"tinyscale.accelerate.rank{rank}")
+    base.setLevel(logging.DEBUG)
+    base.propagate = False
+    for handler in list(base.handlers):
+        base.removeHandler(handler)
+        handler.close()
+    to_file = logging.FileHandler(path, mode="w")
+    to_file.setFormatter(logging.Formatter("%(asctime)s | %(message)s"))  # + "[RANK r] "
+    base.addHandler(to_file)
+    if accelerator.is_main_process:
+        console = TqdmHandler()  # the message alone, as Lab 1 prints
+        console.setLevel(logging.INFO)
+        base.addHandler(console)
+    return get_logger(base.name)
+
+
+def blocks_digest(batches: Sequence[torch.Tensor]) -> str:
+    """A fingerprint of the token blocks one process trained on in one step."""
+    sha = hashlib.sha1()
+    for x in batches:
+        sha.update(x.detach().cpu().contiguous().numpy().tobytes())
+    return sha.hexdigest()[:8]
+
+
+def param_digest(model: torch.nn.Module) -> str:
+    """A fingerprint of every weight: equal digests, bit-identical models."""
+    sha = hashlib.sha1()
+    for name, tensor in model.state_dict().items():
+        sha.update(name.encode())
+        sha.update(tensor.detach().float().cpu().contiguous().numpy().tobytes())
+    return sha.hexdigest()[:12]
+
+
+# --8<-- [end:logging]
+
+
+# --8<-- [start:main_setup]
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    # Check every flag before the process group exists and before anything is written.
+    for flag in ("global_batch_size", "grad_accum_steps"):
+        if getattr(args, flag) <= 0:
+            name = flag.replace("_", "-")
+            raise UsageError(f"--{name} must be positive, got {getattr(args, flag)}")
+    model_cfg = load_model_config(args.config)
+    cfg = TrainConfig(
+        epochs=args.epochs,
+        batch_size=args.global_batch_size,  # the global batch: the schedule is Lab 1's
+        lr=args.lr,
+        seed=args.seed,
+        eval_every=args.eval_every,
+        checkpoint_every=args.checkpoint_every,
+        max_steps=args.max_steps,
+        output_dir=args.output_dir,
+        progress=False if args.no_progress else None,
+    )
+    check_launch(os.environ)
+
+    accelerator = Accelerator(
+        cpu=args.cpu,  # gloo between CPU processes; without it, one process per GPU over nccl
+        mixed_precision=args.mixed_precision,  # None: the launcher's --mixed_precision
+        gradient_accumulation_steps=args.grad_accum_steps,
+        # shuffle with a generator seeded (seed + epoch) on every process: Lab 1's order
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed),
+    )
+    micro = check_accelerator(
+        accelerator, os.environ, global_batch=cfg.batch_size, accum=args.grad_accum_steps
+    )
+    set_seed(cfg.seed)  # the same initial weights on every process, and the same as Lab 1's
+    with accelerator.main_process_first():  # rank 0 trains and caches the tokenizer first
+        data = build_datasets(
+            vocab_size=model_cfg.vocab_size, block_size=model_cfg.max_position_embeddings
+        )
+    steps_per_epoch = len(data.train) // cfg.batch_size
+    if steps_per_epoch == 0:
+        raise UsageError(
+            f"--global-batch-size {cfg.batch_size} exceeds the {len(data.train)} training "
+            "blocks: lower it"
+        )
+    model = TinyTransformer(model_cfg)
+    optimizer = make_optimizer(model, cfg)
+    loader = DataLoader(data.train, batch_size=micro, shuffle=True, drop_last=True)
+    # prepare(): model -> device and DDP; optimizer -> steps only when gradients are synced;
+    # loader -> this process's shard of every global batch, moved to the device
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    # --8<-- [end:main_setup]
+
+    # --8<-- [start:helpers]
+    log = process_logger(accelerator, args.log_dir)
+    out = Path(cfg.output_dir)
+    metrics = MetricsLogger(out) if accelerator.is_main_process else None
+    total_steps = cfg.epochs * steps_per_epoch
+    stop_at = min(total_steps, cfg.max_steps or total_steps)
+    step = 0
+    world = f"{accelerator.num_processes} process" + "es" * (accelerator.num_processes > 1)
+    log.info(
+        f"Accelerate: {world} ({accelerator.distributed_type.value}, backend "
+        f"{accelerator.state.backend}) | device {accelerator.device.type} | "
+        f"mixed precision {accelerator.mixed_precision}"
+    )
+    log.info(
+        f"{micro} blocks per micro-batch x {args.grad_accum_steps} accumulation step(s) x "
+        f"{world} = {cfg.batch_size} blocks per optimizer step | {steps_per_epoch} steps per epoch"
+    )
+    log.debug(
+        f"process {accelerator.process_index} of {accelerator.num_processes} "
+        f"(local {accelerator.local_process_index}) on {accelerator.device}",
+        main_process_only=False,
+    )
+
+    def checkpoint() -> Path:
+        path = out / "checkpoints" / f"step_{step:06d}.pt"
+        if accelerator.is_main_process:  # one writer: every process holds the same weights
+            metrics.flush()
+            save_checkpoint(
+                {
+                    "model_config": dataclasses.asdict(model_cfg),
+                    "train_config": dataclasses.asdict(cfg),
+                    "step": step,
+                    "epoch": step // steps_per_epoch,
+                    "model": accelerator.unwrap_model(model).state_dict(),  # no "module." prefix
+                    "optimizer": optimizer.state_dict(),
+                    "rng_cpu": torch.get_rng_state(),
+                    "rng_device": None,
+                    "history": metrics.records,
+                    "num_processes": accelerator.num_processes,
+                },
+                path,
+            )
+        accelerator.wait_for_everyone()  # nobody reads it, or exits, before it exists
+        return path
+
+    def log_heldout(tokens_per_second: float | None = None) -> None:
+        if not accelerator.is_main_process:  # the others wait for it in the next all-reduce
+            return
+        scores = evaluate(
+            accelerator.unwrap_model(model),
+            data.heldout,
+            batch_size=cfg.batch_size,
+            device=accelerator.device,
+        )
+        metrics.log(step, "heldout", **scores)
+        recent = [
+            r["loss"] for r in metrics.records[-cfg.eval_every - 1 :] if r["split"] == "train"
+        ]
+        line = f"step {step:4d}/{total_steps} | epoch {step / steps_per_epoch:4.2f}"
+        if recent:
+            line += f" | train loss {sum(recent) / len(recent):.3f}"
+        line += f" | held-out loss {scores['loss']:.3f} | perplexity {scores['perplexity']:7.1f}"
+        if tokens_per_second:
+            line += f" | {tokens_per_second:,.0f} tokens/s"
+        log.info(line)
+
+    # --8<-- [end:helpers]
+
+    # --8<-- [start:loop]
+    log_heldout()
+    tokens_per_step = cfg.batch_size * data.train.block_size
+    hide_bar = None if cfg.progress is None else not cfg.progress  # None: tqdm decides (tty)
+    bar = tqdm(total=stop_at, desc="training", unit="step", leave=False, disable=hide_bar)
+    bar.disable = bar.disable or not accelerator.is_local_main_process  # one bar per machine
+    start, trained_seconds, final = time.perf_counter(), 0.0, None
+    model.train()
+    while step < stop_at:
+        epoch = step // steps_per_epoch
+        loader.set_epoch(epoch)  # a fresh shuffle per epoch, as DistributedSampler.set_epoch
+        seen: list[torch.Tensor] = []  # this process's micro-batches of the current step
+        step_loss = torch.zeros((), device=accelerator.device)
+        t0 = time.perf_counter()
+        for x, y in loader:  # x, y: (micro, T), already on accelerator.device
+            lr = lr_at(step, cfg, total_steps)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            with accelerator.accumulate(model):  # no_sync() except on the last micro-batch
+                _, loss = model(x, y)  # under autocast when mixed precision is on
+                accelerator.backward(loss)  # loss / grad_accum_steps, then backward
+                if accelerator.sync_gradients:  # gradients are all-reduced: clip the sum
+                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                optimizer.step()  # a no-op until the last micro-batch of the step
+                optimizer.zero_grad(set_to_none=True)
+            seen.append(x)
+            step_loss += loss.detach() / args.grad_accum_steps
+            if not accelerator.sync_gradients:
+                continue
+            step += 1
+            trained_seconds += time.perf_counter() - t0
+            digest = blocks_digest(seen)
+            log.debug(
+                f"step {step} | blocks {digest} | loss {step_loss.item():.4f}",
+                main_process_only=False,  # every process logs its own shard to its file
+            )
+            global_loss = accelerator.reduce(step_loss, reduction="mean").item()
+            if step == 1:  # a collective: every process sends its digest to every other
+                shards = ", ".join(f"rank {r} {d}" for r, d in enumerate(gather_object([digest])))
+                log.info(f"step 1 trained on different blocks per process: {shards}")
+            if accelerator.is_main_process:
+                metrics.log(
+                    step,
+                    "train",
+                    loss=global_loss,
+                    lr=lr,
+                    grad_norm=grad_norm.item(),
+                    epoch=epoch + 1,
+                )
+            bar.update()
+            bar.set_postfix(loss=f"{global_loss:.3f}")
+            if step % cfg.eval_every == 0 or step == total_steps:
+                log_heldout(step * tokens_per_step / trained_seconds)
+            if step % cfg.checkpoint_every == 0 or step == stop_at:
+                final = checkpoint()
+            seen, step_loss, t0 = [], torch.zeros_like(step_loss), time.perf_counter()  # next step
+            if step == stop_at or step % steps_per_epoch == 0:
+                break  # the last partial global batch of the epoch is dropped, as in Lab 1
+    bar.close()
+    # --8<-- [end:loop]
+
+    # --8<-- [start:summary]
+    digest = param_digest(accelerator.unwrap_model(model))
+    log.debug(f"parameters {digest}", main_process_only=False)
+    digests = gather_object([digest])
+    same = "identical" if len(set(digests)) == 1 else "DIFFERENT"
+    log.info(f"parameters: {', '.join(f'rank {r} {d}' for r, d in enumerate(digests))} ({same})")
+    if accelerator.is_main_process:
+        metrics.close()
+        heldout = [r["loss"] for r in metrics.records if r["split"] == "heldout"]
+        log.info(
+            f"done: {step} steps in {time.perf_counter() - start:.1f} s "
+            f"({step * tokens_per_step / trained_seconds:,.0f} tokens/s on {world}) | "
+            f"held-out loss {heldout[0]:.3f} -> "
+            f"{heldout[-1]:.3f} | last checkpoint {final}"
+        )
+    accelerator.end_training()  # leaves the process group
+    return 0 if same == "identical" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
+# --8<-- [end:summary]
