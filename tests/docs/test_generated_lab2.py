@@ -8,13 +8,13 @@ the recorded runs — world size 1, in this process — to compare its final los
 
 import json
 import re
-import socket
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from conftest import ROOT, load_script
+from tinyscale.launch import free_port
 
 LAB2 = ROOT / "docs" / "generated" / "lab2"
 SCRIPT = ROOT / "code" / "scripts" / "ddp_simulation_train.py"
@@ -65,12 +65,6 @@ def test_the_world_size_changes_the_loss_only_a_little(world_sizes) -> None:
     finals = [run["final_loss"] for run in world_sizes["runs"].values()]
     assert max(finals) - min(finals) < 0.01, "the page says: less than 0.003 apart"
     assert len(set(finals)) == 3, "and not identical: every rank draws its own dropout masks"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_world_size_1_rerun_matches_the_recorded_loss(

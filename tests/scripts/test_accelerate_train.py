@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ from tinyscale.checkpoint import load_checkpoint
 from tinyscale.config import load_model_config
 from tinyscale.data import LMData, build_datasets
 from tinyscale.errors import run_cli
+from tinyscale.launch import free_port
 from tinyscale.metrics import read_metrics
 from tinyscale.model import TinyTransformer
 from tinyscale.training import epoch_batches
@@ -46,12 +46,6 @@ MICRO = GLOBAL_BATCH // (PROCESSES * ACCUM)
 # Summation order differs (two halves all-reduced vs one batch): float32 rounding only.
 LOSS_TOLERANCE = 1e-5  # nats, per step
 WEIGHT_TOLERANCE = 1e-4  # max absolute difference of any weight after 20 Adam steps
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def accelerate_cli() -> str:

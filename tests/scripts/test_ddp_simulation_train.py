@@ -22,7 +22,6 @@ checked for several things:
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ import torch
 from conftest import ROOT, load_script
 from tinyscale.checkpoint import load_checkpoint
 from tinyscale.errors import run_cli
+from tinyscale.launch import free_port
 
 SCRIPT = "code/scripts/ddp_simulation_train.py"
 LAB_ARGS = ["--max-steps", "40", "--log-every", "1"]  # the page's command, logged every step
@@ -45,12 +45,6 @@ LINE = re.compile(
     r"\| loss (?P<loss>[\d.]+) \| global loss (?P<global_loss>[\d.]+) \| tokens/s (?P<tps>[\d,]+) "
     r"\| samples (?P<samples>\d+) \| max param diff vs rank 0 (?P<diff>\S+)$"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(

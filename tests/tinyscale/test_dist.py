@@ -4,7 +4,6 @@ two-process gloo group joined and left through `distributed()`.
 """
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -14,6 +13,7 @@ import torch.multiprocessing as mp
 
 from tinyscale.dist import DistEnv, backend_for, device_for, dist_env, distributed, rank_logger
 from tinyscale.errors import UsageError
+from tinyscale.launch import free_port
 
 TORCHRUN = {
     "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
@@ -24,12 +24,6 @@ SLURM = {
     "SLURM_NTASKS_PER_NODE": "4(x2)", "SLURM_NODEID": "1",
     "MASTER_ADDR": "node1", "MASTER_PORT": "29501",
 }  # fmt: skip
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_torchrun_environment() -> None:
