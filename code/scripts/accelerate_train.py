@@ -373,6 +373,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"held-out loss {heldout[0]:.3f} -> "
             f"{heldout[-1]:.3f} | last checkpoint {final}"
         )
+    # Drop the wrapped model before leaving the group, while Python is fully alive: a DDP
+    # object freed during interpreter shutdown can abort the process after a clean run.
+    model, optimizer, loader = accelerator.free_memory(model, optimizer, loader)
     accelerator.end_training()  # leaves the process group
     return 0 if same == "identical" else 1
 

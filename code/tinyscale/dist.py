@@ -11,6 +11,7 @@ its own log file.
 """
 
 import dataclasses
+import gc
 import logging
 import os
 import sys
@@ -150,6 +151,10 @@ def distributed(
     try:
         yield env, dev
     finally:
+        # DDP's hooks form reference cycles, so a finished model lingers until the garbage
+        # collector runs; collect now, while Python is fully alive, not at interpreter
+        # shutdown, where tearing down its gloo state can abort a run that succeeded.
+        gc.collect()
         dist.destroy_process_group()
 
 

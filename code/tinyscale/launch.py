@@ -10,6 +10,7 @@ that with nothing but ``multiprocessing`` and ``dist.init_process_group``; the t
 the benchmarks and the lessons' code blocks all use it.
 """
 
+import gc
 import os
 import pickle
 import queue
@@ -83,6 +84,7 @@ def _worker(
     except BaseException:
         report = (rank, False, traceback.format_exc())
     results.put(report)  # before leaving the group, so the root cause is reported first
+    gc.collect()  # free fn's leftovers (DDP hooks form cycles) now, not at interpreter exit
     dist.destroy_process_group()
 
 
