@@ -1,0 +1,71 @@
+"""Regenerate the benchmark plot and table of the Week 1 collectives page.
+
+Run:  python tools/figures_week1_collectives.py   (about 25 s on 2 CPU cores)
+
+Calls benchmarks/bench_collectives.py's ``measure`` (our ring all-reduce and gloo's,
+interleaved in the same two processes) and writes, under docs/generated/week1/:
+collectives_busbw.png (bus bandwidth against message size, log-log), collectives_busbw.md
+(the table the page includes) and collectives_busbw.json (the raw rows).
+Timings: regenerate on a quiet machine, not in a test.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "docs" / "generated" / "week1"
+WORLD_SIZE = 2
+
+
+def load_bench():
+    path = ROOT / "benchmarks" / "bench_collectives.py"
+    spec = importlib.util.spec_from_file_location("bench_collectives", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # the spawned ranks import it by this name
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> int:
+    bench = load_bench()
+    rows = bench.measure(world_size=WORLD_SIZE)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "collectives_busbw.json").write_text(json.dumps(rows, indent=1) + "\n")
+    (OUT / "collectives_busbw.md").write_text(
+        bench.format_table(rows, world_size=WORLD_SIZE) + "\n"
+    )
+    sizes = [row["bytes"] for row in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for impl, label, marker in (
+        ("ours", "ring_all_reduce (ours: isend/irecv, Python)", "o"),
+        ("gloo", "dist.all_reduce (gloo, C++)", "s"),
+    ):
+        ax.plot(sizes, [row[f"{impl}_busbw"] / 1e9 for row in rows], marker=marker, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")  # small messages are 100x slower: show both regimes
+    ax.set_xticks(sizes, [bench.human(s) for s in sizes])
+    ax.set_xlabel("message size S (float32 tensor)")
+    ax.set_ylabel("bus bandwidth (GB/s)")
+    ax.set_title(f"All-reduce, N = {WORLD_SIZE} processes, one machine, loopback TCP")
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(OUT / "collectives_busbw.png", dpi=120)
+    plt.close(fig)
+    for name in ("collectives_busbw.png", "collectives_busbw.md", "collectives_busbw.json"):
+        print(f"wrote {(OUT / name).relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
