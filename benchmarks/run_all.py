@@ -5,7 +5,7 @@ one process and one run, and prints ratios against a baseline. Timings live here
 in pass/fail tests.
 """
 
-import importlib.util
+import importlib
 import sys
 from pathlib import Path
 
@@ -13,11 +13,11 @@ HERE = Path(__file__).resolve().parent
 
 
 def main() -> int:
+    # Imported by name, not by path: benchmarks that spawn ranks pass module-level
+    # functions to them, and a spawned process finds those only through sys.path.
+    sys.path.insert(0, str(HERE))
     for path in sorted(HERE.glob("bench_*.py")):
-        spec = importlib.util.spec_from_file_location(path.stem, path)
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = importlib.import_module(path.stem)
         print(f"== {path.name}: {(module.__doc__ or '').strip().splitlines()[0]}")
         module.main()
     return 0
