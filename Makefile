@@ -21,7 +21,7 @@ export NO_MKDOCS_2_WARNING := 1
 export PYTHONDONTWRITEBYTECODE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help setup system-deps serve build test lint format bench figures clean
+.PHONY: help setup system-deps serve build test lint format bench figures clean cluster-up cluster-down
 
 help:
 	@echo "make serve    set up, build and serve the course at http://127.0.0.1:8000"
@@ -31,6 +31,8 @@ help:
 	@echo "make bench    run the benchmarks (ratios measured side by side)"
 	@echo "make figures  regenerate every plot and recorded output the site shows"
 	@echo "make clean    remove build outputs (keeps $(VENV))"
+	@echo "make cluster-up    start a 2-node SLURM cluster on this machine (root, Debian: slurm-wlm, munge)"
+	@echo "make cluster-down  stop it, and remove its files"
 
 setup: system-deps $(STAMP) $(MERMAID)
 
@@ -74,4 +76,13 @@ figures: setup
 	for script in tools/figures_*.py; do $(PY) $$script || exit 1; done
 
 clean:
+	@if [ -d build/slurm ]; then bash tools/slurm/cluster.sh down; fi  # stop a running cluster first
 	rm -rf site .cache/mkdocs build runs logs .pytest_cache .ruff_cache
+
+# A real SLURM cluster on this machine (munged, slurmctld, one slurmd per simulated node);
+# state in build/slurm. Then: export SLURM_CONF=$(CURDIR)/build/slurm/etc/slurm.conf
+cluster-up:
+	@bash tools/slurm/cluster.sh up
+
+cluster-down:
+	@bash tools/slurm/cluster.sh down

@@ -6,6 +6,9 @@ set -euo pipefail
 
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# the one-machine SLURM cluster (tools/slurm/cluster.sh); the daemons live in /usr/sbin
+[ -x /usr/sbin/slurmctld ] || command -v slurmctld >/dev/null 2>&1 || need+=(slurm-wlm)
+[ -x /usr/sbin/munged ] || command -v munged >/dev/null 2>&1 || need+=(munge)
 
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
