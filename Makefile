@@ -66,7 +66,7 @@ format: setup
 	$(BIN)/ruff format code tests tools benchmarks
 
 test: setup lint build
-	$(BIN)/pytest --codeblocks tests docs
+	$(BIN)/pytest --codeblocks --durations=15 tests docs
 
 bench: setup
 	$(PY) benchmarks/run_all.py
