@@ -30,10 +30,11 @@ from tqdm import tqdm
 from tinyscale.checkpoint import save_checkpoint
 from tinyscale.config import DEFAULT_CONFIG_PATH, load_model_config
 from tinyscale.data import build_datasets
+from tinyscale.dist import fresh_logger
 from tinyscale.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.metrics import MetricsLogger
 from tinyscale.model import TinyTransformer
-from tinyscale.training import TrainConfig, evaluate, lr_at, make_optimizer
+from tinyscale.training import TrainConfig, evaluate, lr_at, make_optimizer, progress_line
 
 PRECISIONS = ("no", "bf16", "fp16")
 LAUNCH = "accelerate launch --multi_gpu --num_processes 2 code/scripts/accelerate_train.py --cpu"
@@ -141,13 +142,7 @@ def process_logger(accelerator: Accelerator, log_dir: str | Path) -> MultiProces
     """
     rank = accelerator.process_index
     path = Path(log_dir) / f"rank_{rank}" / "train.log"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    base = logging.getLogger(f"tinyscale.accelerate.rank{rank}")
-    base.setLevel(logging.DEBUG)
-    base.propagate = False
-    for handler in list(base.handlers):
-        base.removeHandler(handler)
-        handler.close()
+    base = fresh_logger(f"tinyscale.accelerate.rank{rank}", path, logging.DEBUG)
     to_file = logging.FileHandler(path, mode="w")
     to_file.setFormatter(logging.Formatter("%(asctime)s | %(message)s"))  # + "[RANK r] "
     base.addHandler(to_file)
@@ -284,16 +279,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             device=accelerator.device,
         )
         metrics.log(step, "heldout", **scores)
-        recent = [
-            r["loss"] for r in metrics.records[-cfg.eval_every - 1 :] if r["split"] == "train"
-        ]
-        line = f"step {step:4d}/{total_steps} | epoch {step / steps_per_epoch:4.2f}"
-        if recent:
-            line += f" | train loss {sum(recent) / len(recent):.3f}"
-        line += f" | held-out loss {scores['loss']:.3f} | perplexity {scores['perplexity']:7.1f}"
-        if tokens_per_second:
-            line += f" | {tokens_per_second:,.0f} tokens/s"
-        log.info(line)
+        log.info(
+            progress_line(
+                step,
+                total_steps,
+                steps_per_epoch,
+                metrics.records,
+                cfg.eval_every,
+                scores,
+                tokens_per_second,
+            )
+        )
 
     # --8<-- [end:helpers]
 

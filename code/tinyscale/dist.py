@@ -162,16 +162,23 @@ def distributed(
 
 
 # --8<-- [start:logging]
-def rank_logger(env: DistEnv, log_dir: str | Path = "logs") -> logging.Logger:
-    """A logger that writes ``<log_dir>/rank_<N>/train.log``; rank 0 also echoes to stdout."""
-    path = Path(log_dir) / f"rank_{env.rank}" / "train.log"
+def fresh_logger(name: str, path: Path, level: int = logging.INFO) -> logging.Logger:
+    """A named logger with no handlers yet (closing any from an earlier run in this
+    process), not propagating to the root logger; creates the folder of ``path``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    logger = logging.getLogger(f"tinyscale.rank{env.rank}")
-    logger.setLevel(logging.INFO)
+    logger = logging.getLogger(name)
+    logger.setLevel(level)
     logger.propagate = False
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
         handler.close()
+    return logger
+
+
+def rank_logger(env: DistEnv, log_dir: str | Path = "logs") -> logging.Logger:
+    """A logger that writes ``<log_dir>/rank_<N>/train.log``; rank 0 also echoes to stdout."""
+    path = Path(log_dir) / f"rank_{env.rank}" / "train.log"
+    logger = fresh_logger(f"tinyscale.rank{env.rank}", path)
     fmt = logging.Formatter(
         f"%(asctime)s rank {env.rank}/{env.world_size} local_rank {env.local_rank} | %(message)s"
     )

@@ -158,6 +158,26 @@ def evaluate(
     return {"loss": loss, "perplexity": math.exp(loss)}
 
 
+def progress_line(
+    step: int,
+    total_steps: int,
+    steps_per_epoch: int,
+    records: list[dict[str, Any]],
+    eval_every: int,
+    scores: dict[str, float],
+    tokens_per_second: float | None = None,
+) -> str:
+    """The line printed at each evaluation: where we are, recent train loss, held-out scores."""
+    recent = [r["loss"] for r in records[-eval_every - 1 :] if r["split"] == "train"]
+    line = f"step {step:4d}/{total_steps} | epoch {step / steps_per_epoch:4.2f}"
+    if recent:
+        line += f" | train loss {sum(recent) / len(recent):.3f}"
+    line += f" | held-out loss {scores['loss']:.3f} | perplexity {scores['perplexity']:7.1f}"
+    if tokens_per_second:
+        line += f" | {tokens_per_second:,.0f} tokens/s"
+    return line
+
+
 # --8<-- [end:evaluate]
 
 
@@ -232,14 +252,17 @@ def train(
     def log_heldout(tokens_per_second: float | None = None) -> None:
         metrics = evaluate(model, data.heldout, batch_size=cfg.batch_size, device=device)
         logger.log(step, "heldout", **metrics)
-        recent = [r["loss"] for r in logger.records[-cfg.eval_every - 1 :] if r["split"] == "train"]
-        line = f"step {step:4d}/{total_steps} | epoch {step / steps_per_epoch:4.2f}"
-        if recent:
-            line += f" | train loss {sum(recent) / len(recent):.3f}"
-        line += f" | held-out loss {metrics['loss']:.3f} | perplexity {metrics['perplexity']:7.1f}"
-        if tokens_per_second:
-            line += f" | {tokens_per_second:,.0f} tokens/s"
-        tqdm.write(line)
+        tqdm.write(
+            progress_line(
+                step,
+                total_steps,
+                steps_per_epoch,
+                logger.records,
+                cfg.eval_every,
+                metrics,
+                tokens_per_second,
+            )
+        )
 
     # --8<-- [end:checkpoint_and_eval]
 
