@@ -20,6 +20,11 @@ export TINYSCALE_CACHE ?= $(CURDIR)/.cache/tinyscale
 export NO_MKDOCS_2_WARNING := 1
 export PYTHONDONTWRITEBYTECODE := 1
 export TOKENIZERS_PARALLELISM := false
+# DeepSpeed installs as pure Python (no C++ op compiled by pip); an op it needs later is
+# JIT-built once into this cache, which every later run reuses. The tinyscale scripts
+# need none on a CPU (see docs/workshop/deepspeed.md).
+export DS_BUILD_OPS := 0
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 
 .PHONY: help setup system-deps serve build test lint format bench figures clean cluster-up cluster-down
 

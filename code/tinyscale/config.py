@@ -68,23 +68,32 @@ def _divisors_near(n: int, k: int) -> str:
 
 
 # --8<-- [start:load_model_config]
-def load_model_config(path: str | Path = DEFAULT_CONFIG_PATH) -> ModelConfig:
-    """Read a JSON config; every mistake becomes a one-line UsageError that names the fix."""
+def read_json_object(path: str | Path, *, missing: str, invalid_fix: str) -> dict:
+    """A JSON file that must hold an object {...}; `missing` and `invalid_fix` name the fix."""
     path = Path(path)
     if not path.is_file():
-        raise UsageError(
-            f"config file {path} not found: pass --config with the path of a JSON file "
-            f"like {DEFAULT_CONFIG_PATH} (run from the repository root)"
-        )
+        raise UsageError(missing)
     try:
         raw = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise UsageError(
             f"{path} is not valid JSON ({err.msg} at line {err.lineno}, column {err.colno}): "
-            "fix the syntax, e.g. remove a trailing comma"
+            f"{invalid_fix}"
         ) from None
     if not isinstance(raw, dict):
         raise UsageError(f"{path} must hold a JSON object {{...}}, not {type(raw).__name__}")
+    return raw
+
+
+def load_model_config(path: str | Path = DEFAULT_CONFIG_PATH) -> ModelConfig:
+    """Read a JSON config; every mistake becomes a one-line UsageError that names the fix."""
+    path = Path(path)
+    raw = read_json_object(
+        path,
+        missing=f"config file {path} not found: pass --config with the path of a JSON file "
+        f"like {DEFAULT_CONFIG_PATH} (run from the repository root)",
+        invalid_fix="fix the syntax, e.g. remove a trailing comma",
+    )
     known = [f.name for f in dataclasses.fields(ModelConfig)]
     for key in raw:
         if key not in known:

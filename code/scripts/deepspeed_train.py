@@ -1,0 +1,373 @@
+# --8<-- [start:args]
+"""Lab 2's model, data and schedule, trained by DeepSpeed's ZeRO engine instead of DDP.
+
+Launch:  torchrun --nproc-per-node 2 code/scripts/deepspeed_train.py \
+             --deepspeed-config code/config/deepspeed/zero2.json --precision fp32
+GPUs:    deepspeed --num_gpus 8 code/scripts/deepspeed_train.py \
+             --deepspeed-config code/config/deepspeed/zero3.json
+Cluster: deepspeed --hostfile code/config/hostfile.example code/scripts/deepspeed_train.py \
+             --deepspeed-config code/config/deepspeed/zero3_offload.json
+
+Both launchers start one process per GPU (or, on a laptop, per CPU slot) and set RANK,
+WORLD_SIZE, MASTER_ADDR and MASTER_PORT; the `deepspeed` launcher also passes
+--local_rank. The JSON file says what ZeRO partitions, in which precision, with which
+batch; this script brings the model, the data and the learning-rate schedule.
+"""
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tinyscale.config import DEFAULT_CONFIG_PATH, ModelConfig, load_model_config
+from tinyscale.data import LMData, build_datasets
+from tinyscale.ddp_training import (
+    BatchPlan,
+    gather_rng_states,
+    make_sampler,
+    rank_batches,
+    restore_rng,
+    steps_and_total,
+    tokens_per_second,
+)
+from tinyscale.deepspeed_config import (
+    PRECISIONS,
+    batch_sizes,
+    load_ds_config,
+    offloads,
+    precision_of,
+    skip_unused_shm_build,
+    zero_stage,
+)
+from tinyscale.deepspeed_costs import engine_state_bytes
+from tinyscale.dist import DistEnv, device_for, dist_env, distributed, rank_logger
+from tinyscale.errors import ArgumentParser, UsageError, run_cli
+from tinyscale.memory import human_bytes
+from tinyscale.metrics import MetricsLogger, read_metrics
+from tinyscale.model import TinyTransformer
+from tinyscale.training import TrainConfig, get_batch, lr_at, make_optimizer, seed_everything
+
+SIDECAR = "tinyscale.json"  # beside DeepSpeed's files in every checkpoint: what wrote it
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--deepspeed-config", required=True, help="a JSON in code/config/deepspeed/")
+    p.add_argument(
+        "--precision",
+        default="config",
+        choices=PRECISIONS,
+        help="config: what the JSON says; fp32, bf16 or fp16 override it",
+    )
+    p.add_argument("--config", default=str(DEFAULT_CONFIG_PATH), help="model config JSON")
+    p.add_argument("--dropout", type=float, default=None, help="override the model's dropout")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--lr", type=float, default=TrainConfig.lr, help="peak learning rate")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-steps", type=int, default=None, help="stop early, as if interrupted")
+    p.add_argument("--checkpoint-every", type=int, default=50, help="steps")
+    p.add_argument("--log-every", type=int, default=10, help="steps between log lines")
+    p.add_argument("--output-dir", default="runs/deepspeed", help="checkpoints, metrics.jsonl")
+    p.add_argument("--log-dir", default="logs/deepspeed", help="<log-dir>/rank_<N>/train.log")
+    p.add_argument("--resume", default=None, help="a checkpoint folder, or 'auto': the latest")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda (one GPU per rank)")
+    p.add_argument("--timeout-s", type=float, default=60.0, help="collective timeout")
+    # the `deepspeed` launcher appends --local_rank=N; LOCAL_RANK in the environment says the same
+    p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+# --8<-- [end:args]
+
+
+# --8<-- [start:check]
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Run:
+    """Everything checked before joining the process group."""
+
+    env: DistEnv
+    device: torch.device
+    model_cfg: ModelConfig
+    cfg: TrainConfig
+    ds_config: dict[str, Any]
+    plan: BatchPlan
+    resume: Path | None  # a checkpoint folder (a DeepSpeed "tag")
+    resume_step: int  # its step, 0 without one
+    args: argparse.Namespace
+
+
+def check_inputs(args: argparse.Namespace) -> Run:
+    """Every bad input is a one-line UsageError on every rank alike, before any rank joins."""
+    env = dist_env()
+    device = device_for(env, args.device)
+    ds_config = load_ds_config(args.deepspeed_config, precision=args.precision)
+    if precision_of(ds_config) == "fp16" and device.type == "cpu":
+        raise UsageError("fp16 training needs a GPU: on a CPU use --precision bf16 or fp32")
+    micro, accum, global_batch = batch_sizes(ds_config, env.world_size)
+    for name in ("log_every", "timeout_s"):
+        if getattr(args, name) <= 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    model_cfg = load_model_config(args.config)
+    if args.dropout is not None:
+        if not 0 <= args.dropout < 1:
+            raise UsageError(f"--dropout must be in [0, 1), got {args.dropout}")
+        model_cfg = dataclasses.replace(model_cfg, dropout=args.dropout)
+    cfg = TrainConfig(
+        epochs=args.epochs,
+        batch_size=global_batch,
+        lr=args.lr,
+        seed=args.seed,
+        checkpoint_every=args.checkpoint_every,
+        max_steps=args.max_steps,
+        output_dir=args.output_dir,
+    )
+    plan = BatchPlan(
+        global_batch_size=global_batch, grad_accum_steps=accum, world_size=env.world_size
+    )
+    assert plan.micro_batch_size == micro
+    resume = find_resume(args.resume, args.output_dir, env, ds_config)
+    return Run(
+        env=env,
+        device=device,
+        model_cfg=model_cfg,
+        cfg=cfg,
+        ds_config=ds_config,
+        plan=plan,
+        resume=resume,
+        resume_step=json.loads((resume / SIDECAR).read_text())["step"] if resume else 0,
+        args=args,
+    )
+
+
+def find_resume(
+    resume: str | None, output_dir: str, env: DistEnv, ds_config: dict[str, Any]
+) -> Path | None:
+    """The checkpoint folder to load, after checking it was written by a run like this one."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        latest = Path(output_dir, "checkpoints", "latest")  # DeepSpeed writes it last
+        if not latest.is_file():
+            return None  # nothing saved yet: start from scratch
+        folder = latest.parent / latest.read_text().strip()
+    else:
+        folder = Path(resume)
+    if not (folder / SIDECAR).is_file():
+        raise UsageError(
+            f"{folder} is not a checkpoint of this script (no {SIDECAR}): pass a folder like "
+            f"{output_dir}/checkpoints/step_000050, or --resume auto"
+        )
+    saved = json.loads((folder / SIDECAR).read_text())
+    if saved["world_size"] != env.world_size or saved["zero_stage"] != zero_stage(ds_config):
+        raise UsageError(
+            f"{folder} holds ZeRO-{saved['zero_stage']} shards of {saved['world_size']} ranks, "
+            f"this run is ZeRO-{zero_stage(ds_config)} on {env.world_size}: relaunch with "
+            f"{saved['world_size']} processes and a ZeRO-{saved['zero_stage']} config"
+        )
+    return folder
+
+
+# --8<-- [end:check]
+
+
+# --8<-- [start:engine]
+def build_engine(run: Run, *, total_steps: int) -> "deepspeed.DeepSpeedEngine":  # type: ignore[name-defined] # noqa: F821
+    """Model and optimizer in, a DeepSpeed engine out: it owns partitioning from here on."""
+    import deepspeed
+
+    skip_unused_shm_build()  # on a CPU: no minute-long compile of an op training never calls
+    seed_everything(run.cfg.seed)  # every rank builds Lab 2's initial weights
+    model = TinyTransformer(run.model_cfg)
+    # The optimizer is ours (Lab 1's AdamW and parameter groups) unless the JSON names one:
+    # the offload configs do, so that DeepSpeed steps the CPU-side partitions with its
+    # vectorised CPU Adam instead of torch's. Either way the groups keep Lab 1's settings.
+    own = make_optimizer(model, run.cfg)
+    groups = [{k: g[k] for k in ("params", "lr", "weight_decay")} for g in own.param_groups]
+    if "optimizer" in run.ds_config:
+        own = None
+
+    def schedule(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+        # Lab 1's warmup and cosine, as a factor on the peak lr; DeepSpeed steps it once
+        # per optimizer step and saves it in every checkpoint
+        return torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: lr_at(step, run.cfg, total_steps) / run.cfg.lr
+        )
+
+    engine, *_ = deepspeed.initialize(
+        model=model,
+        optimizer=own,
+        model_parameters=groups if own is None else None,
+        lr_scheduler=schedule,
+        config=run.ds_config,
+        dist_init_required=False,  # we joined the process group ourselves, with a timeout
+    )
+    return engine
+
+
+# --8<-- [end:engine]
+
+
+# --8<-- [start:checkpoint]
+def save(engine: Any, run: Run, step: int) -> Path:
+    """Every rank writes its own ZeRO shard; rank 0 also writes the weights and 'latest'."""
+    root = Path(run.cfg.output_dir) / "checkpoints"
+    tag = f"step_{step:06d}"
+    client_state = {"step": step, **gather_rng_states(run.device)}  # a collective
+    if run.env.is_main:  # before DeepSpeed's files: 'latest' never names a folder without it
+        (root / tag).mkdir(parents=True, exist_ok=True)
+        sidecar = {
+            "step": step,
+            "world_size": run.env.world_size,
+            "zero_stage": zero_stage(run.ds_config),
+            "precision": precision_of(run.ds_config),
+            "deepspeed_config": run.args.deepspeed_config,
+        }
+        (root / tag / SIDECAR).write_text(json.dumps(sidecar, indent=2))
+    dist.barrier()
+    engine.save_checkpoint(str(root), tag=tag, client_state=client_state)
+    return root / tag
+
+
+def load(engine: Any, run: Run) -> int:
+    """Weights, optimizer shards, lr schedule and this rank's RNG; returns the step."""
+    folder = run.resume
+    assert folder is not None
+    path, client_state = engine.load_checkpoint(str(folder.parent), tag=folder.name)
+    if path is None:
+        raise RuntimeError(f"DeepSpeed could not load {folder}")
+    restore_rng(client_state, run.env, run.device)
+    return client_state["step"]
+
+
+# --8<-- [end:checkpoint]
+
+
+# --8<-- [start:loop]
+def train(run: Run, data: LMData) -> dict[str, Any]:
+    env, device, cfg, plan, args = run.env, run.device, run.cfg, run.plan, run.args
+    log = rank_logger(env, args.log_dir)
+    sampler = make_sampler(data.train, env, plan, seed=cfg.seed)
+    steps_per_epoch = len(rank_batches(sampler, plan, epoch=0))
+    total_steps, stop_at = steps_and_total(steps_per_epoch, cfg)
+    engine = build_engine(run, total_steps=total_steps)
+    torch.manual_seed(cfg.seed + 1 + env.rank)  # each rank its own dropout masks, as in Lab 2
+    step = resume_step = load(engine, run) if run.resume is not None else 0
+    if step:
+        log.info(f"resumed from {run.resume} at step {step}")
+    log.info(
+        f"DeepSpeed {engine.__class__.__name__} | ZeRO-{zero_stage(run.ds_config)} | "
+        f"{precision_of(run.ds_config)} | offload {', '.join(offloads(run.ds_config)) or 'none'}"
+        f" | backend {dist.get_backend()} | device {device} | world {env.world_size}"
+    )
+    log.info(
+        f"global batch {engine.train_batch_size()} = micro {plan.micro_batch_size} x accum "
+        f"{plan.grad_accum_steps} x world {env.world_size} | {steps_per_epoch} steps per epoch"
+    )
+    metrics = None
+    if env.is_main:  # on resume, keep the records up to the checkpoint's step, drop the rest
+        old = Path(cfg.output_dir, "metrics.jsonl")
+        history = read_metrics(old) if step and old.is_file() else None
+        metrics = MetricsLogger(Path(cfg.output_dir), history=history, resume_step=step)
+    tokens, seconds, loss_now = 0, 0.0, math.nan
+    while step < stop_at:
+        epoch, batch_in_epoch = divmod(step, steps_per_epoch)
+        for indices in rank_batches(sampler, plan, epoch)[batch_in_epoch:]:
+            t0 = time.perf_counter()
+            x, y = get_batch(data.train, indices, device)  # (micro x accum, T) each
+            lr = engine.get_lr()[0]  # what this step uses: the schedule at `step`
+            losses = []
+            micro = zip(x.split(plan.micro_batch_size), y.split(plan.micro_batch_size), strict=True)
+            for xm, ym in micro:
+                _, loss = engine(xm, ym)
+                engine.backward(loss)  # scales by 1/accum; ZeRO reduces (and partitions) grads
+                engine.step()  # clips, steps and zeroes only at the accumulation boundary
+                losses.append(loss.item())
+            step += 1
+            seconds += time.perf_counter() - t0
+            tokens += x.numel()
+            mean = torch.tensor([sum(losses) / len(losses)], dtype=torch.float64, device=device)
+            dist.all_reduce(mean)  # SUM over ranks, for the log: the loss of the global batch
+            loss_now = mean.item() / env.world_size
+            if metrics is not None:
+                metrics.log(step, "train", loss=loss_now, lr=lr)
+            if step == resume_step + 1:
+                held = engine_state_bytes(engine)  # after a step: Adam's moments exist now
+                log.info(
+                    f"this rank holds weights {human_bytes(held.params)} + optimizer state "
+                    f"{human_bytes(held.optimizer)}"
+                )
+            if step % args.log_every == 0 or step == stop_at:
+                log.info(f"step {step:4d}/{total_steps} | loss {loss_now:.4f} | lr {lr:.2e}")
+            if step % cfg.checkpoint_every == 0 or step == stop_at:
+                if metrics is not None:
+                    metrics.flush()
+                log.info(f"saved {save(engine, run, step)}")
+            if step == stop_at:
+                break
+    # --8<-- [end:loop]
+
+    # --8<-- [start:summary]
+    if metrics is not None:
+        metrics.close()
+    summary = {
+        "steps": step,
+        "final_loss": loss_now,
+        "world_size": env.world_size,
+        "zero_stage": zero_stage(run.ds_config),
+        "precision": precision_of(run.ds_config),
+        "global_batch_size": engine.train_batch_size(),
+        "tokens_per_second": tokens_per_second(tokens * env.world_size, seconds),
+    }
+    if env.is_main:
+        Path(cfg.output_dir, "summary.json").write_text(json.dumps(summary, indent=2))
+        log.info(
+            f"summary: {step} steps | final loss {loss_now:.4f} | "
+            f"{summary['tokens_per_second']:,.0f} tokens/s over {env.world_size} ranks"
+        )
+    engine.destroy()
+    return summary
+
+
+@contextlib.contextmanager
+def quiet_deepspeed() -> Iterator[None]:
+    """DeepSpeed logs its whole config at INFO on stdout; keep warnings, drop the rest."""
+    from deepspeed.utils import logger
+
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    run = check_inputs(parse_args(argv))  # all checks first: a bad flag fails every rank alike
+    data = build_datasets(
+        vocab_size=run.model_cfg.vocab_size, block_size=run.model_cfg.max_position_embeddings
+    )
+    sampler = make_sampler(data.train, run.env, run.plan, seed=run.cfg.seed)  # enough data?
+    _, stop_at = steps_and_total(len(rank_batches(sampler, run.plan, epoch=0)), run.cfg)
+    if run.resume_step >= stop_at:
+        raise UsageError(
+            f"the checkpoint is at step {run.resume_step}, the end of this run: raise "
+            "--max-steps or --epochs"
+        )
+    with distributed(run.args.device, timeout_s=run.args.timeout_s), quiet_deepspeed():
+        train(run, data)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main))
+# --8<-- [end:summary]
