@@ -2,6 +2,7 @@
 
 import importlib.util
 import os
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -11,6 +12,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("TINYSCALE_CACHE", str(ROOT / ".cache" / "tinyscale"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Session C's page starts the course's SLURM cluster (make cluster-up, state in build/slurm)
+# and stops it in its last code block. If a block in between fails, stop it at the end of
+# the session — only when this session started it.
+SLURM_STATE = ROOT / "build" / "slurm"
+SLURM_WAS_UP = (SLURM_STATE / "pid").exists()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not SLURM_WAS_UP and (SLURM_STATE / "pid").exists():
+        subprocess.run(
+            ["bash", str(ROOT / "tools" / "slurm" / "cluster.sh"), "down"],
+            capture_output=True,
+            timeout=120,
+        )
 
 
 def load_script(name: str) -> ModuleType:

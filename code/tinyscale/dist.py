@@ -53,8 +53,9 @@ def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     """Read the variables torchrun sets, or map SLURM's onto them.
 
     torchrun: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR/PORT.
-    srun:     SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_NTASKS_PER_NODE, SLURM_NODEID;
-              MASTER_ADDR/PORT come from the batch script.
+    srun:     SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS, SLURM_NTASKS_PER_NODE, SLURM_NODEID
+              (and SLURM_STEP_ID: only srun's tasks have one); MASTER_ADDR/PORT come
+              from the batch script.
     """
     env = os.environ if environ is None else environ
     if "RANK" in env and "WORLD_SIZE" in env:
@@ -66,6 +67,14 @@ def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
     elif "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
         launcher = "slurm"
         rank, world_size = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+        # The batch script itself also sees SLURM_PROCID=0 and the job's SLURM_NTASKS, but
+        # it is one process, not a task of a step: started there, rank 0 would wait for
+        # ranks that never come. Only srun's tasks have a step id.
+        if "SLURM_STEP_ID" not in env and world_size > 1:
+            raise UsageError(
+                f"started in the batch script of SLURM job {env.get('SLURM_JOB_ID', '?')}, not "
+                f"by srun: launch it with `srun python ...` (one task per rank) or `srun torchrun ...`"
+            )
         local_rank = int(env.get("SLURM_LOCALID", 0))
         # "2(x3)" style values list tasks per node; the first entry is this layout's width
         per_node = env.get("SLURM_NTASKS_PER_NODE", str(world_size)).split("(")[0].split(",")[0]

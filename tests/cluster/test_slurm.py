@@ -44,7 +44,8 @@ JOB_TIMEOUT_S = 150  # both jobs, run side by side; about 15 s here
 SAME_LOSS = 1e-6  # same seed, data and world size: only float summation order may differ
 SBIN = "/usr/sbin:/sbin"  # the daemons live here, outside a normal user's PATH
 PROBE = re.compile(
-    r"^(?P<task>\d+): node (?P<node>\S+) SLURM_NODEID=(?P<SLURM_NODEID>\d+) "
+    r"^(?P<task>\d+): node (?P<node>\S+) SLURM_STEP_ID=(?P<SLURM_STEP_ID>\d+) "
+    r"SLURM_NODEID=(?P<SLURM_NODEID>\d+) "
     r"SLURM_PROCID=(?P<SLURM_PROCID>\d+) SLURM_LOCALID=(?P<SLURM_LOCALID>\d+) "
     r"SLURM_NTASKS=(?P<SLURM_NTASKS>\d+) SLURM_NTASKS_PER_NODE=(?P<SLURM_NTASKS_PER_NODE>\S+)$",
     re.MULTILINE,
@@ -100,8 +101,29 @@ def test_batch_files_parse_and_the_gpu_twin_differs_only_where_it_must() -> None
         "--rdzv-backend=c10d",
         '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"',
         "code/scripts/ddp_simulation_train.py",
+        # surviving a time limit: a warning, a requeue, a resume, one log
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
+        "#SBATCH --signal=B:USR1@",
+        'scontrol requeue "$SLURM_JOB_ID"',
+        "--resume auto",
+        "wait $!",
+        'if [ -z "${SLURM_JOB_ID:-}" ]; then',
     ):
         assert line in cpu and line in gpu, line
+
+
+def test_batch_files_outside_slurm_say_sbatch(tmp_path: Path) -> None:
+    """`bash slurm_example*.sbatch` is not a job: one line naming sbatch, exit 2, nothing run."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    for batch in (CPU_BATCH, GPU_BATCH):
+        done = subprocess.run(
+            ["bash", str(batch)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30
+        )
+        assert done.returncode == 2
+        assert done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
+        assert done.stderr.startswith(f"not inside a SLURM job: submit it with sbatch {batch}")
+        assert not any(tmp_path.iterdir())  # no logs, no runs, no scratch
 
 
 def test_cluster_up_names_what_is_missing(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ TORCHRUN = {
 }  # fmt: skip
 SLURM = {
     "SLURM_PROCID": "6", "SLURM_LOCALID": "2", "SLURM_NTASKS": "8",
-    "SLURM_NTASKS_PER_NODE": "4(x2)", "SLURM_NODEID": "1",
+    "SLURM_NTASKS_PER_NODE": "4(x2)", "SLURM_NODEID": "1", "SLURM_STEP_ID": "0",
     "MASTER_ADDR": "node1", "MASTER_PORT": "29501",
 }  # fmt: skip
 
@@ -43,6 +43,19 @@ def test_slurm_environment_maps_to_the_same_fields() -> None:
     assert env.launcher == "slurm"
     # global rank = node_rank * tasks_per_node + local_rank, on a regular layout
     assert env.rank == env.node_rank * env.local_world_size + env.local_rank
+
+
+def test_batch_script_is_not_a_task() -> None:
+    """What sbatch's shell sees (no step id): one process would wait for 7 ranks forever."""
+    batch = {k: v for k, v in SLURM.items() if k != "SLURM_STEP_ID"}
+    batch.update(SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0", SLURM_JOB_ID="42")
+    with pytest.raises(
+        UsageError, match=r"batch script of SLURM job 42, not by srun: launch it with `srun"
+    ) as err:
+        dist_env(batch)
+    assert "\n" not in str(err.value)
+    # a one-task job has no one to wait for: its batch shell may train alone
+    assert dist_env({**batch, "SLURM_NTASKS": "1", "SLURM_NTASKS_PER_NODE": "1"}).world_size == 1
 
 
 def test_not_launched_names_torchrun() -> None:
