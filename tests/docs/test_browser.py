@@ -63,6 +63,7 @@ LAUNCH_TIMEOUT_MS = 30_000
 GOTO_TIMEOUT_MS = 20_000
 IDLE_TIMEOUT_MS = 10_000
 MERMAID_TIMEOUT_MS = 15_000
+PAGES_AT_ONCE = 6
 
 OPEN_SHADOW_ROOTS = """
 const attachShadow = Element.prototype.attachShadow;
@@ -195,15 +196,20 @@ class Watch:
             self.found.append(f"HTTP {response.status}: {response.url}")
 
 
-def visit(page: Page, url: str, html_text: str, found: list[str]) -> None:
-    """Load one page, let it settle, and check its includes and diagrams."""
+def start(page: Page, url: str) -> Response | None:
+    """Begin loading a page; the browser goes on loading it while we check the others."""
+    return page.goto(url, wait_until="commit", timeout=GOTO_TIMEOUT_MS)
+
+
+def finish(page: Page, response: Response | None, html_text: str, found: list[str]) -> None:
+    """Let a started page settle, and check its includes and diagrams."""
     for raw in ("--8<--", "--8&lt;--"):
         for line in html_text.splitlines():
             if raw in line:
                 found.append(f"{raw!r} left in the HTML (an include did not expand): {line[:120]}")
-    response = page.goto(url, wait_until="load", timeout=GOTO_TIMEOUT_MS)
     if response is None or response.status != 200:
         found.append(f"navigation returned {response.status if response else 'nothing'}")
+    page.wait_for_load_state("load", timeout=GOTO_TIMEOUT_MS)
     try:
         page.wait_for_load_state("networkidle", timeout=IDLE_TIMEOUT_MS)
     except sync_api.TimeoutError:
@@ -245,22 +251,33 @@ def check_pages(
             context = browser.new_context(viewport=VIEWPORT, service_workers="block")
             context.set_default_timeout(GOTO_TIMEOUT_MS)  # no wait without a limit
             context.add_init_script(OPEN_SHADOW_ROOTS)
-            for path in paths:
-                watch = Watch()
-                page = context.new_page()
-                watch.attach(page)
-                try:
-                    html_text = (site_dir / path / "index.html").read_text(encoding="utf-8")
-                    visit(page, base_url + path, html_text, watch.found)
-                    if path in screenshots:
-                        screenshots[path].parent.mkdir(parents=True, exist_ok=True)
-                        page.screenshot(path=screenshots[path], timeout=GOTO_TIMEOUT_MS)
-                except sync_api.Error as exc:
-                    watch.found.append(f"browser: {str(exc).splitlines()[0]}")
-                finally:
-                    page.close()
-                if watch.found:
-                    problems.setdefault(path, []).extend(watch.found)
+            # A few pages load at once: while we wait on one, the browser works on the others.
+            for first in range(0, len(paths), PAGES_AT_ONCE):
+                batch = []
+                for path in paths[first : first + PAGES_AT_ONCE]:
+                    watch, page = Watch(), context.new_page()
+                    watch.attach(page)
+                    started, response = True, None
+                    try:
+                        response = start(page, base_url + path)
+                    except sync_api.Error as exc:
+                        watch.found.append(f"browser: {str(exc).splitlines()[0]}")
+                        started = False
+                    batch.append((path, watch, page, started, response))
+                for path, watch, page, started, response in batch:
+                    try:
+                        if started:
+                            html_text = (site_dir / path / "index.html").read_text(encoding="utf-8")
+                            finish(page, response, html_text, watch.found)
+                        if path in screenshots:
+                            screenshots[path].parent.mkdir(parents=True, exist_ok=True)
+                            page.screenshot(path=screenshots[path], timeout=GOTO_TIMEOUT_MS)
+                    except sync_api.Error as exc:
+                        watch.found.append(f"browser: {str(exc).splitlines()[0]}")
+                    finally:
+                        page.close()
+                    if watch.found:
+                        problems.setdefault(path, []).extend(watch.found)
             context.close()
         finally:
             browser.close()

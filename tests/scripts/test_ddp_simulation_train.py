@@ -13,9 +13,7 @@ checked for several things:
   within PARITY_TOLERANCE — DDP + no_sync equals one process on the combined batch.
 - failure lab: ``--fail-rank 2`` with 4 processes: torchrun exits non-zero within 60 s,
   every rank is reported failed, and the root cause names rank 2 and its traceback.
-- hang: a skipped collective is ended by the process-group timeout, in bounded time.
-- elastic restart: ``--max-restarts 1`` with one injected failure resumes from the last
-  checkpoint and ends bit-for-bit where the uninterrupted run ends.
+- the hang and the elastic restart: Lab 2's page runs them with their expected output.
 - bad input: one ``error:`` line, exit code 2, nothing written (in-process, fast).
 """
 
@@ -197,31 +195,11 @@ def test_a_failing_rank_takes_the_job_down_and_is_named(tmp_path: Path) -> None:
     assert not (tmp_path / "summary.json").exists()
 
 
-def test_a_skipped_collective_hangs_until_the_process_group_timeout(tmp_path: Path) -> None:
-    args = [*LAB_ARGS, "--hang-rank", "1", "--hang-step", "3", "--timeout-s", "5"]
-    done, seconds = torchrun(2, tmp_path, *args)
-    assert done.returncode != 0
-    assert seconds < 45, "the 5 s timeout, not the test's, ended it"
-    assert re.search(r"Timed out waiting 5000ms for (recv|send) operation", done.stderr)
-    assert "step    2/103" in (tmp_path / "logs" / "rank_0" / "train.log").read_text()
-
-
-def test_elastic_restart_resumes_and_matches_the_uninterrupted_run(
-    world2: Path, tmp_path: Path
-) -> None:
-    args = [*LAB_ARGS, "--checkpoint-every", "10", "--resume", "auto"]
-    done, _ = torchrun(2, tmp_path, *args, "--fail-rank", "1", "--fail-step", "13", restarts=1)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "injected failure on rank 1 at step 13" in done.stderr  # it did fail once
-    log = (tmp_path / "logs" / "rank_0" / "train.log").read_text()
-    assert "resumed from step 10" in log and "restart 1" in log
-    resumed = json.loads((tmp_path / "summary.json").read_text())
-    uninterrupted = json.loads((world2 / "summary.json").read_text())
-    assert resumed["final_loss"] == uninterrupted["final_loss"]
-    assert resumed["heldout_loss"] == uninterrupted["heldout_loss"]
-    a = load_checkpoint(tmp_path / "checkpoints" / "step_000040.pt")["model"]
-    b = load_checkpoint(world2 / "checkpoints" / "step_000040.pt")["model"]
-    assert all(torch.equal(a[k], b[k]) for k in a), "bit-for-bit the same weights"
+# The hang (rank 1 skips a collective; the 3 s process-group timeout ends it, rank 0 logged up
+# to step 2) and the elastic restart (rank 1 fails once at step 13; the restarted group
+# resumes from step 10 and ends with the same losses and bit-for-bit the same weights as the
+# uninterrupted run) are checked by Lab 2's own code blocks, which `make test` runs with
+# their expected output: docs/workshop/lab-2.md, "A rank hangs" and "Elastic restart".
 
 
 # ---------------------------------------------------------------------------- bad input
