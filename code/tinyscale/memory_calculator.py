@@ -25,13 +25,17 @@ PRECISIONS = {"fp32": "fp32", "bf16-mixed": "mixed"}  # CLI name -> memory.RECIP
 
 # --8<-- [start:states]
 def zero_state_bytes(
-    num_params: float, *, stage: int, world_size: int, precision: str = "fp32"
-) -> StateBytes:
+    num_params: float, *, stage: int, world_size: int, precision: str = "fp32",
+    shard_size: int | None = None,
+) -> StateBytes:  # fmt: skip
     """Model-state bytes one rank holds: (weights, gradients, optimizer) / N where sharded.
 
     fp32:        4Ψ + 4Ψ + 8Ψ  (Adam's two moments)
     bf16-mixed:  2Ψ + 2Ψ + 12Ψ (fp32 master weights and moments): the paper's 16Ψ,
     so ZeRO-1 = 4Ψ + 12Ψ/N, ZeRO-2 = 2Ψ + 14Ψ/N, ZeRO-3 = 16Ψ/N.
+
+    Hybrid sharding (HSDP) shards over groups of `shard_size` ranks and replicates across
+    the world_size / shard_size groups: divide by the group size, not by N.
     """
     if stage not in (0, 1, 2, 3):
         raise UsageError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage!r}")
@@ -39,8 +43,13 @@ def zero_state_bytes(
         raise UsageError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if world_size < 1:
         raise UsageError(f"world size must be at least 1, got {world_size}")
+    n = shard_size or world_size
+    if n < 1 or world_size % n:
+        raise UsageError(
+            f"--shard-size {n} does not divide --world-size {world_size}: hybrid sharding "
+            "needs groups of equal size (e.g. the GPUs of one node)"
+        )
     weights, grads, optimizer = RECIPES[PRECISIONS[precision]]
-    n = world_size
     return StateBytes(
         params=round(weights * num_params / (n if stage >= 3 else 1)),
         grads=round(grads * num_params / (n if stage >= 2 else 1)),
@@ -90,7 +99,7 @@ class MemoryReport:
 
 def estimate(
     cfg: ModelConfig, *, precision: str, world_size: int, stage: int, micro_batch: int,
-    seq_len: int | None = None,
+    seq_len: int | None = None, shard_size: int | None = None,
 ) -> MemoryReport:  # fmt: skip
     """Model states per rank (ZeRO-sharded) plus one micro-batch's activations."""
     seq_len = seq_len or cfg.max_position_embeddings
@@ -100,8 +109,9 @@ def estimate(
             f", got {micro_batch} and {seq_len}"
         )
     states = zero_state_bytes(
-        count_parameters(cfg), stage=stage, world_size=world_size, precision=precision
-    )
+        count_parameters(cfg), stage=stage, world_size=world_size, precision=precision,
+        shard_size=shard_size,
+    )  # fmt: skip
     acts = activation_bytes_estimate(
         cfg, micro_batch=micro_batch, seq_len=seq_len, precision=precision
     )
@@ -116,12 +126,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--stage", type=int, default=0, help="ZeRO stage 0-3")
     parser.add_argument("--micro-batch", type=int, default=1)
     parser.add_argument("--seq-len", type=int, default=None, help="default: the config's max")
+    parser.add_argument("--shard-size", type=int, default=None,
+                        help="hybrid sharding (HSDP): shard over groups of this many ranks")  # fmt: skip
     args = parser.parse_args(argv)
     cfg = load_model_config(args.config)
     r = estimate(cfg, precision=args.precision, world_size=args.world_size, stage=args.stage,
-                 micro_batch=args.micro_batch, seq_len=args.seq_len)  # fmt: skip
+                 micro_batch=args.micro_batch, seq_len=args.seq_len,
+                 shard_size=args.shard_size)  # fmt: skip
+    hybrid = f" (sharded in groups of {args.shard_size})" if args.shard_size else ""
     print(f"{count_parameters(cfg):,} parameters, {args.precision}, ZeRO-{args.stage}, "
-          f"{args.world_size} ranks, micro-batch {args.micro_batch}: bytes per rank")  # fmt: skip
+          f"{args.world_size} ranks{hybrid}, micro-batch {args.micro_batch}: bytes per rank")  # fmt: skip
     rows = [("weights", r.states.params), ("gradients", r.states.grads),
             ("optimizer states", r.states.optimizer), ("activations", r.activations),
             ("total", r.total)]  # fmt: skip

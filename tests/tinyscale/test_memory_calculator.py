@@ -111,12 +111,22 @@ def test_cli_prints_every_component_and_the_total(capsys) -> None:
     assert f"{r.total:,} B" in out and "activations" in out
 
 
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_hybrid_sharding_divides_by_the_group_not_the_world(stage) -> None:
+    """HSDP over 2 groups of 4 holds what ZeRO over 4 ranks holds: replicas add no sharding."""
+    hybrid = zero_state_bytes(1e9, stage=stage, world_size=8, shard_size=4, precision="bf16-mixed")
+    assert hybrid == zero_state_bytes(1e9, stage=stage, world_size=4, precision="bf16-mixed")
+    full = zero_state_bytes(1e9, stage=stage, world_size=8, precision="bf16-mixed")
+    assert hybrid.optimizer == 2 * full.optimizer  # sharded over 4, not 8
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [(["--stage", "4"], "ZeRO stage must be 0, 1, 2 or 3"),
      (["--precision", "fp8"], "invalid choice: 'fp8'"),
      (["--world-size", "0"], "world size must be at least 1"),
-     (["--micro-batch", "0"], "micro-batch must be >= 1")],
+     (["--micro-batch", "0"], "micro-batch must be >= 1"),
+     (["--world-size", "4", "--shard-size", "3"], "--shard-size 3 does not divide --world-size 4")],
 )  # fmt: skip
 def test_bad_input_is_one_line_and_exit_2(argv, message, capsys) -> None:
     assert run_cli(main, argv) == 2
