@@ -54,7 +54,7 @@ def measure(rounds: int = ROUNDS, steps: int = STEPS) -> dict:
         log: list = []
         with counting_collectives(log):
             step(stage)
-        sent[stage] = sum(ring_bytes_sent(op, n, WORLD) for op, n in log)
+        sent[stage] = sum(ring_bytes_sent(op, n, ranks) for op, n, ranks in log)
     tokens = dist.get_world_size() * BATCH * SEQ * steps
     rates: dict[int, list[float]] = {stage: [] for stage in STAGES}
     for _ in range(rounds):

@@ -43,7 +43,7 @@ def zero_state_bytes(
         raise UsageError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if world_size < 1:
         raise UsageError(f"world size must be at least 1, got {world_size}")
-    n = shard_size or world_size
+    n = world_size if shard_size is None else shard_size
     if n < 1 or world_size % n:
         raise UsageError(
             f"--shard-size {n} does not divide --world-size {world_size}: hybrid sharding "

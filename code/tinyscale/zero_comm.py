@@ -39,14 +39,23 @@ def ring_bytes_sent(op: str, nbytes: int, world: int) -> float:
 
 
 @contextlib.contextmanager
-def counting_collectives(log: list[tuple[str, int]]):
-    """Replace the four dist collectives for the duration; log (name, bytes of the full data)."""
+def counting_collectives(log: list[tuple[str, int, int]]):
+    """Replace the four dist collectives for the duration.
+
+    Logs (name, bytes of the full N-rank buffer, ranks in the group): a subgroup's size,
+    not the world's, sets what a ring sends (HSDP runs its collectives on subgroups).
+    Positional or keyword calls alike: FSDP2 calls ``reduce_scatter_single(output=, input=)``.
+    """
     originals = {name: getattr(dist, name) for name in COLLECTIVES}
 
     def counted(name: str, fn):
         def call(*args, **kwargs):
-            full = args[1] if name == "reduce_scatter_single" else args[0]  # the N-rank buffer
-            log.append((name, full.numel() * full.element_size()))
+            if name == "reduce_scatter_single":  # the input holds all N shards
+                full = args[1] if len(args) > 1 else kwargs["input"]
+            else:  # all_gather_single's output, all_reduce's and broadcast's tensor
+                full = args[0] if args else kwargs.get("output", kwargs.get("tensor"))
+            ranks = dist.get_world_size(kwargs.get("group"))
+            log.append((name, full.numel() * full.element_size(), ranks))
             return fn(*args, **kwargs)
 
         return call
@@ -102,7 +111,7 @@ def compare_stages(
     for stage in stages:
         model = copy.deepcopy(base)
         zero = ZeRO(model, stage=stage, units=list(model.blocks), lr=lr)
-        log: list[tuple[str, int]] = []
+        log: list[tuple[str, int, int]] = []
         for i, (x, y) in enumerate(batches):
             with counting_collectives(log if i == steps - 1 else []):
                 zero(x, y)[1].backward()
@@ -120,8 +129,8 @@ def compare_stages(
             "held": held,
             "peak": zero.peak_state_bytes,
             "padded": sum(u.flat.numel() for u in zero.units),
-            "calls": collections.Counter(name for name, _ in log),
-            "sent": sum(ring_bytes_sent(name, n, world) for name, n in log),
+            "calls": collections.Counter(name for name, _, _ in log),
+            "sent": sum(ring_bytes_sent(name, n, ranks) for name, n, ranks in log),
         }
     return report
 
