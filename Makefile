@@ -25,6 +25,8 @@ export TOKENIZERS_PARALLELISM := false
 # need none on a CPU (see docs/workshop/deepspeed.md).
 export DS_BUILD_OPS := 0
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
+# torchtitan reads our corpus through Hugging Face datasets: its cache stays in the repo.
+export HF_HOME ?= $(CURDIR)/.cache/huggingface
 
 .PHONY: help setup system-deps serve build test lint format bench figures clean cluster-up cluster-down
 
