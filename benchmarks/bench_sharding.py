@@ -1,0 +1,98 @@
+"""Tokens/s of our ZeRO-3, FSDP2 (fp32 and bf16 compute) and DeepSpeed ZeRO-3, side by side.
+
+Run:  make bench   (or: python benchmarks/bench_sharding.py)
+
+Two ranks (gloo over loopback) train the same TinyTransformer, sharded four ways, in the
+same two processes; the rounds interleave them, so machine noise hits them alike, and
+each figure is the median over rounds, timed by the slowest rank. Week 2's pages prove
+the four compute the same thing (fp32); this measures what each costs on a CPU.
+"""
+
+import contextlib
+import copy
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # spawned ranks import this file
+
+from tinyscale.config import ModelConfig
+from tinyscale.ddp import rank_batch
+from tinyscale.fsdp import make_mesh, shard_model
+from tinyscale.launch import run_on_ranks
+from tinyscale.model import TinyTransformer
+from tinyscale.zero import ZeRO
+
+CFG = ModelConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                  intermediate_size=1024, vocab_size=4096, max_position_embeddings=64,
+                  dropout=0.0)  # fmt: skip
+BATCH, SEQ, WORLD = 4, 32, 2
+ROUNDS, STEPS, WARMUP = 5, 2, 1
+VARIANTS = ("our ZeRO-3", "FSDP2", "FSDP2 bf16", "DeepSpeed ZeRO-3")
+
+
+def build(name: str, base: TinyTransformer):
+    """A step function for one variant, on its own copy of the model."""
+    model = copy.deepcopy(base)
+    if name == "our ZeRO-3":
+        zero = ZeRO(model, stage=3, units=list(model.blocks), lr=1e-4)
+        return lambda x, y: (zero(x, y)[1].backward(), zero.step(), zero.zero_grad())
+    if name.startswith("FSDP2"):
+        shard_model(model, make_mesh(WORLD), bf16=name.endswith("bf16"))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+        return lambda x, y: (model(x, y)[1].backward(), opt.step(), opt.zero_grad())
+    import deepspeed
+
+    from tinyscale.deepspeed_config import DS_CONFIG_DIR, load_ds_config, skip_unused_shm_build
+
+    skip_unused_shm_build()
+    config = load_ds_config(DS_CONFIG_DIR / "zero3.json", precision="fp32")
+    config.update(train_micro_batch_size_per_gpu=BATCH, gradient_accumulation_steps=1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+    engine, *_ = deepspeed.initialize(
+        model=model, optimizer=opt, config=config, dist_init_required=False
+    )
+    return lambda x, y: (engine.backward(engine(x, y)[1]), engine.step())
+
+
+def measure(rounds: int = ROUNDS, steps: int = STEPS) -> dict[str, list[float]]:
+    """On every rank: tokens/s per variant and round (the slowest rank's time)."""
+    torch.manual_seed(0)
+    base = TinyTransformer(CFG)
+    with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed prints; keep stdout for the table
+        steppers = {name: build(name, base) for name in VARIANTS}
+    x, y = rank_batch(CFG, batch_size=BATCH, seq_len=SEQ, step=0, seed=0)
+    for step in steppers.values():
+        for _ in range(WARMUP):
+            step(x, y)
+    tokens = WORLD * BATCH * SEQ * steps
+    rates: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    for _ in range(rounds):
+        for name, step in steppers.items():
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                step(x, y)
+            elapsed = torch.tensor(time.perf_counter() - t0)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
+            rates[name].append(tokens / elapsed.item())
+    return rates
+
+
+def main() -> None:
+    rates = run_on_ranks(measure, WORLD, timeout_s=120, deadline_s=400)[0]
+    base = statistics.median(rates[VARIANTS[0]])
+    print(f"{'variant':<18} {'tokens/s':>9} {'vs our ZeRO-3':>14}")
+    for name in VARIANTS:
+        median = statistics.median(rates[name])
+        print(f"{name:<18} {median:>9,.0f} {median / base:>13.2f}x")
+    print(f"(world size {WORLD}, gloo, batch {BATCH}x{SEQ} per rank, median of {ROUNDS} rounds "
+          f"x {STEPS} steps, torch {torch.__version__})")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
