@@ -1,8 +1,9 @@
 """torchtitan's debug model on CPU (code/scripts/torchtitan_train.py, tinyscale.titan_config).
 
-The training run is the torchtitan page's code block: CI runs it (2 gloo ranks, FSDP)
-and compares its output with the recorded text. These tests check that recorded text —
-FSDP over 2 ranks, 6 steps, a loss that falls — and the config function itself.
+The training runs are the torchtitan page's code blocks: CI runs them (2 gloo ranks,
+FSDP; then a resume from the step-3 checkpoint) and compares their output with the
+recorded text. These tests check that recorded text — FSDP over 2 ranks, 6 steps, a loss
+that falls, a resume that repeats steps 4 to 6 exactly — and the config function itself.
 """
 
 import json
@@ -18,10 +19,15 @@ from tinyscale.titan_config import VOCAB_SIZE, prepare_assets, tinyscale_debug
 PAGE = Path(__file__).parents[2] / "docs" / "week-2" / "torchtitan.md"
 
 
-def recorded() -> str:
+def recorded(command_end: str = "--config tinyscale_debug 2>&1") -> str:
+    """The expected output the page records after the command that ends so."""
     text = PAGE.read_text()
-    start = text.index("--module tinyscale.titan_config --config tinyscale_debug 2>&1")
+    start = text.index(command_end)
     return re.search(r"```text\n(.*?)```", text[start:], re.S).group(1)
+
+
+def losses(out: str) -> dict[int, float]:
+    return {int(s): float(v) for s, v in re.findall(r"step: +(\d+) +loss: +([\d.]+)", out)}
 
 
 def test_recorded_run_is_fsdp_over_two_ranks() -> None:
@@ -31,10 +37,17 @@ def test_recorded_run_is_fsdp_over_two_ranks() -> None:
 
 
 def test_recorded_loss_falls_over_six_steps() -> None:
-    losses = [float(v) for v in re.findall(r"step: +\d+ +loss: +([\d.]+)", recorded())]
-    assert len(losses) == 6
-    assert losses[-1] < losses[0] - 0.5
+    first = losses(recorded())
+    assert sorted(first) == [1, 2, 3, 4, 5, 6]
+    assert first[6] < first[1] - 0.5
     assert "Saving a full checkpoint at last step, step 6." in recorded()
+
+
+def test_recorded_resume_from_step_3_repeats_steps_4_to_6() -> None:
+    resumed = recorded("--checkpoint.load-step 3 2>&1")
+    assert "Loading the checkpoint from runs/torchtitan/out/checkpoint/step-3." in resumed
+    first = losses(recorded())
+    assert losses(resumed) == {step: first[step] for step in (4, 5, 6)}
 
 
 def test_config_function_points_at_our_assets_and_sizes_for_a_laptop() -> None:
