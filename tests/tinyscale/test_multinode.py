@@ -177,7 +177,11 @@ def test_a_barrier_releases_everyone_when_the_last_rank_arrives() -> None:
     assert delays[2] - START_SKEW_S <= waited < delays[2] + SLACK_S
     assert late["released"] - late["arrived"] < SLACK_S
     lines = barrier_report(results)
-    assert len(lines) == 3 and lines[0].startswith("rank 0: arrived  0.00 s")
+    assert len(lines) == 3
+    # rank 0 arrives at once (0.00 s, or 0.0x s on a loaded machine); the times are checked above
+    assert re.fullmatch(
+        r"rank 0: arrived +0\.0\d s \| released +\d+\.\d\d s \| waited +\d+\.\d\d s", lines[0]
+    )
 
 
 def test_a_rank_that_never_comes_times_out_the_barrier_of_the_others() -> None:
