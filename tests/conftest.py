@@ -39,6 +39,18 @@ def load_script(name: str) -> ModuleType:
     return module
 
 
+def recorded_output(page: str, after: str) -> list[str]:
+    """The lines, unindented, of the first ```text block after ``after`` in docs/<page>.
+
+    That block is the output the page records for the command before it; CI runs the
+    command and compares, so tests may check the recorded numbers against the formulas.
+    """
+    text = (ROOT / "docs" / page).read_text()
+    text = text[text.index(after) :]
+    start = text.index("```text\n") + len("```text\n")
+    return [line.strip() for line in text[start : text.index("```", start)].splitlines()]
+
+
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT

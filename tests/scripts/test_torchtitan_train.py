@@ -12,18 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from conftest import recorded_output
+
 pytest.importorskip("torchtitan", reason="torchtitan is in the cluster extra: make setup")
 
 from tinyscale.titan_config import VOCAB_SIZE, prepare_assets, tinyscale_debug
 
-PAGE = Path(__file__).parents[2] / "docs" / "week-2" / "torchtitan.md"
-
 
 def recorded(command_end: str = "--config tinyscale_debug 2>&1") -> str:
     """The expected output the page records after the command that ends so."""
-    text = PAGE.read_text()
-    start = text.index(command_end)
-    return re.search(r"```text\n(.*?)```", text[start:], re.S).group(1)
+    return "\n".join(recorded_output("week-2/torchtitan.md", command_end))
 
 
 def losses(out: str) -> dict[int, float]:

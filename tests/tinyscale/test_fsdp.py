@@ -9,27 +9,22 @@ reload — and the bad input, without starting processes.
 """
 
 import re
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import recorded_output
 from tinyscale.errors import run_cli
 from tinyscale.fsdp import check_shard_size, local_bytes, main
 from tinyscale.model import count_parameters
 from tinyscale.zero_comm import TEST_CFG
 
-PAGE = Path(__file__).parents[2] / "docs" / "week-2" / "fsdp.md"
 PARITY_TOLERANCE = 1e-5  # fp32, as for our ZeRO against DDP
 BF16_LOSS_STEP = 2**-5  # one bf16 step at losses in [4, 8): 8 bits of mantissa
 
 
 def recorded(command: str) -> str:
-    """The expected-output block that follows ``command`` on the page."""
-    text = PAGE.read_text()
-    start = text.index(command)
-    block = re.search(r"```text\n(.*?)```", text[start:], re.S)
-    return "\n".join(line.strip() for line in block.group(1).splitlines())
+    return "\n".join(recorded_output("week-2/fsdp.md", command))
 
 
 def numbers(line: str) -> list[float]:

@@ -9,10 +9,10 @@ persistent weights of row 3p, and the traffic of each side.
 """
 
 import re
-from pathlib import Path
 
 import pytest
 
+from conftest import recorded_output
 from tinyscale.deepspeed_costs import TRAFFIC_TOLERANCE, zero_traffic
 from tinyscale.errors import run_cli
 from tinyscale.memory_calculator import zero_state_bytes
@@ -20,18 +20,9 @@ from tinyscale.model import TinyTransformer
 from tinyscale.zero_comm import TEST_CFG
 from tinyscale.zero_vs_deepspeed import STAGES, main
 
-PAGE = Path(__file__).parents[2] / "docs" / "week-2" / "deepspeed-zero.md"
 PARAM_TOLERANCE = 1e-5  # N > 2: the ZeRO lesson's (the order of an N-term sum); N = 2: exact
 SIZES = [p.numel() for p in TinyTransformer(TEST_CFG).parameters()]
 PSI = sum(SIZES)
-
-
-def recorded(command: str) -> list[str]:
-    """The lines of the first ```text block after ``command`` on the page, unindented."""
-    text = PAGE.read_text()
-    text = text[text.index(command) :]
-    start = text.index("```text\n") + len("```text\n")
-    return [line.strip() for line in text[start : text.index("```", start)].splitlines()]
 
 
 def section(lines: list[str], title: str) -> dict[str, list[str]]:
@@ -55,8 +46,9 @@ def losses(lines: list[str]) -> dict[int, tuple[list[float], list[float], float]
     return rows
 
 
-N2 = recorded("python -m tinyscale.zero_vs_deepspeed 2>/dev/null")
-N4 = recorded("python -m tinyscale.zero_vs_deepspeed --world-size 4")
+PAGE = "week-2/deepspeed-zero.md"
+N2 = recorded_output(PAGE, "python -m tinyscale.zero_vs_deepspeed 2>/dev/null")
+N4 = recorded_output(PAGE, "python -m tinyscale.zero_vs_deepspeed --world-size 4")
 HELD = section(N2, "bytes held")
 MOVED = section(N2, "elements moved")
 
