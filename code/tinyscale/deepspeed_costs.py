@@ -64,12 +64,16 @@ def engine_state_bytes(engine: "deepspeed.DeepSpeedEngine") -> StateBytes:  # ty
     """Count the weight and optimizer bytes this rank really holds in a DeepSpeed engine.
 
     The weights are the model's bf16 parameters; under ZeRO-3 each one is only this rank's
-    slice, ``p.ds_tensor``. The optimizer state is this rank's partition of the fp32 master
+    slice, ``p.ds_tensor``, plus the whole copy of the small ones it keeps persistent. The optimizer state is this rank's partition of the fp32 master
     weights (ZeRO-1/2 and ZeRO-3 name the list differently) plus the Adam moments that the
     wrapped torch optimizer keeps for it. Gradients come and go inside backward and step,
     so they are not counted here.
     """
-    weights = [getattr(p, "ds_tensor", p) for p in engine.module.parameters()]
+    params = list(engine.module.parameters())
+    weights = [getattr(p, "ds_tensor", p) for p in params]
+    # ZeRO-3 keeps weights of at most stage3_param_persistence_threshold elements whole on
+    # every rank, in p.data beside the slice; the others' p.data is empty between uses
+    weights += [p.data for p in params if hasattr(p, "ds_tensor")]
     zero = engine.optimizer  # DeepSpeed's ZeRO optimizer, wrapping the client torch optimizer
     stage12 = getattr(zero, "single_partition_of_fp32_groups", None)
     master = stage12 if stage12 is not None else zero.fp32_partitioned_groups_flat

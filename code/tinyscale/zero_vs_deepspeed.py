@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from tinyscale.ddp import rank_batch
 from tinyscale.deepspeed_config import DS_CONFIG_DIR, load_ds_config, skip_unused_shm_build
-from tinyscale.deepspeed_costs import TrafficCounter
+from tinyscale.deepspeed_costs import TRAFFIC, TrafficCounter, engine_state_bytes
 from tinyscale.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.model import TinyTransformer
 from tinyscale.zero import ZeRO
@@ -32,9 +32,13 @@ from tinyscale.zero_comm import TEST_CFG, counting_collectives
 
 STAGES = (1, 2, 3)
 BATCH, SEQ, LR, WEIGHT_DECAY = 4, 16, 1e-3, 0.01
-# The paper's accounting, as deepspeed_costs.TRAFFIC counts DeepSpeed's calls: an all-reduce
-# moves its tensor twice (a reduce-scatter plus an all-gather), the others once.
-OUR_TRAFFIC = {"all_reduce": 2, "reduce_scatter_single": 1, "all_gather_single": 1, "broadcast": 1}
+# The paper's accounting of deepspeed_costs.TRAFFIC (an all-reduce moves its tensor twice),
+# under torch 2.14's names, which our ZeRO calls
+OUR_TRAFFIC = {
+    **TRAFFIC,
+    "reduce_scatter_single": TRAFFIC["reduce_scatter_tensor"],
+    "all_gather_single": TRAFFIC["all_gather_into_tensor"],
+}
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -74,38 +78,6 @@ def ours(base: TinyTransformer, stage: int, batches: list) -> Trained:
 # --8<-- [end:ours]
 
 
-# --8<-- [start:held]
-def held_bytes(engine: Any) -> tuple[int, int]:
-    """(weights, optimizer state) bytes a DeepSpeed engine keeps on this rank, each buffer once.
-
-    The tensors deepspeed_costs.engine_state_bytes counts, plus the whole copies ZeRO-3 keeps
-    of "persistent" weights: p.data beside the shard p.ds_tensor, for every weight of at most
-    stage3_param_persistence_threshold elements. Counted by storage, as zero.state_bytes
-    counts ours, so a buffer that two lists share would count once.
-    """
-    zero = engine.optimizer  # DeepSpeed's ZeRO optimizer, wrapping the client torch optimizer
-    weights = [p.data for p in engine.module.parameters()]  # ZeRO-3: empty unless kept whole
-    weights += [p.ds_tensor for p in engine.module.parameters() if hasattr(p, "ds_tensor")]
-    master = getattr(zero, "single_partition_of_fp32_groups", None)  # ZeRO-1/2
-    master = master if master is not None else zero.fp32_partitioned_groups_flat  # ZeRO-3
-    moments = [
-        t
-        for s in zero.optimizer.state.values()
-        for t in s.values()
-        if torch.is_tensor(t) and t.dim()
-    ]
-
-    def storages(tensors: list[torch.Tensor]) -> dict[int, int]:
-        return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
-
-    held = storages(weights)
-    optimizer = {k: v for k, v in storages(master + moments).items() if k not in held}
-    return sum(held.values()), sum(optimizer.values())
-
-
-# --8<-- [end:held]
-
-
 # --8<-- [start:deepspeed]
 def deepspeeds(
     base: TinyTransformer, stage: int, batches: list, counter: TrafficCounter, **zero_settings
@@ -132,7 +104,7 @@ def deepspeeds(
         engine.step()
         losses.append(loss.item())
     counter.counting = False
-    held = held_bytes(engine)
+    held = engine_state_bytes(engine)
     params = list(engine.module.parameters())
     with deepspeed.zero.GatheredParameters(params):  # ZeRO-3: gather the shards; else no-op
         full = torch.cat([p.detach().flatten().clone() for p in params])
@@ -140,7 +112,7 @@ def deepspeeds(
     return Trained(
         losses=losses,
         weights=full,
-        held=held,
+        held=(held.params, held.optimizer),
         moved=counter.elements,
         calls=dict(counter.calls),
     )
