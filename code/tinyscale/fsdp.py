@@ -26,6 +26,7 @@ from torch.distributed.tensor import DTensor
 
 from tinyscale.ddp import rank_batch
 from tinyscale.errors import UsageError, run_cli
+from tinyscale.memory_calculator import check_shard_size
 from tinyscale.model import TinyTransformer
 from tinyscale.sharded_checkpoint import load_dcp, save_dcp
 from tinyscale.zero import ZeRO
@@ -35,17 +36,6 @@ from tinyscale.zero_comm import TEST_CFG, counting_collectives, ring_bytes_sent
 
 
 # --8<-- [start:wrap]
-def check_shard_size(world_size: int, shard_size: int | None) -> int:
-    """The ranks of one shard group: all of them (FSDP), or a divisor of the world (HSDP)."""
-    shard = world_size if shard_size is None else shard_size
-    if shard < 1 or world_size % shard:
-        raise UsageError(
-            f"--shard-size {shard} does not divide --world-size {world_size}: HSDP needs "
-            "groups of equal size (e.g. the GPUs of one node)"
-        )
-    return shard
-
-
 def make_mesh(
     world_size: int, shard_size: int | None = None, device_type: str = "cpu"
 ) -> DeviceMesh:
@@ -107,19 +97,25 @@ def held_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int,
 
 
 # --8<-- [start:compare]
-def train(model: nn.Module, batches: list, *, lr: float, log: list | None = None) -> list[float]:
+def adamw(model: nn.Module, *, lr: float) -> torch.optim.Optimizer:
+    """The optimizer of the ZeRO lesson's parity runs: torch AdamW, one tensor at a time."""
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, foreach=False)
+
+
+def train(
+    model: nn.Module, batches: list, *, lr: float, log: list
+) -> tuple[list[float], torch.optim.Optimizer]:
     """AdamW steps; the collectives of the last step go into ``log``."""
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, foreach=False)
+    opt = adamw(model, lr=lr)
     losses = []
     for i, (x, y) in enumerate(batches):
-        with counting_collectives(log if log is not None and i == len(batches) - 1 else []):
+        with counting_collectives(log if i == len(batches) - 1 else []):
             loss = model(x, y)[1]
             loss.backward()
             opt.step()
         opt.zero_grad(set_to_none=False)  # keep the gradient shards, to count them
         losses.append(loss.item())
-    model.optimizer = opt
-    return losses
+    return losses, opt
 
 
 def compare_with_zero3(
@@ -154,8 +150,8 @@ def compare_with_zero3(
     mesh = make_mesh(world, shard_size)
     model = shard_model(copy.deepcopy(base), mesh, bf16=bf16)
     log: list[tuple[str, int, int]] = []
-    losses = train(model, batches, lr=lr, log=log)
-    held = held_bytes(model, model.optimizer)
+    losses, optimizer = train(model, batches, lr=lr, log=log)
+    held = held_bytes(model, optimizer)
     full = torch.cat([p.full_tensor().flatten() for p in model.parameters()])
     report = {
         "world": world, "shard": shard_size or world, "numel": full.numel(),
@@ -167,7 +163,7 @@ def compare_with_zero3(
     }  # fmt: skip
     if checkpoint_dir:
         report["resumed"] = dcp_roundtrip(
-            model, base, mesh, checkpoint_dir, extra, bf16=bf16, lr=lr
+            model, optimizer, base, mesh, checkpoint_dir, extra, bf16=bf16, lr=lr
         )
     return report
 
@@ -177,16 +173,16 @@ def compare_with_zero3(
 
 # --8<-- [start:checkpoint]
 def dcp_roundtrip(
-    model: nn.Module, base: nn.Module, mesh: DeviceMesh, path: str, batch: tuple, *,
-    bf16: bool, lr: float,
+    model: nn.Module, optimizer: torch.optim.Optimizer, base: nn.Module, mesh: DeviceMesh,
+    path: str, batch: tuple, *, bf16: bool, lr: float,
 ) -> dict[str, float]:  # fmt: skip
     """Save the sharded model and optimizer with DCP, reload both into a fresh sharded
-    model, and take one more step with each: the losses must be equal."""
-    model_state, optim_state = get_state_dict(model, model.optimizer)
+    model, and compute the next batch's loss with each: the losses must be equal."""
+    model_state, optim_state = get_state_dict(model, optimizer)
     save_dcp({"model": model_state, "optim": optim_state}, path)  # a file per rank + .metadata
 
     fresh = shard_model(copy.deepcopy(base), mesh, bf16=bf16)  # the wrong weights...
-    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=lr, weight_decay=0.01, foreach=False)
+    fresh_opt = adamw(fresh, lr=lr)
     template_model, template_optim = get_state_dict(fresh, fresh_opt)
     state = load_dcp({"model": template_model, "optim": template_optim}, path)  # ...until now
     set_state_dict(

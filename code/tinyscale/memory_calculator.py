@@ -24,6 +24,17 @@ PRECISIONS = {"fp32": "fp32", "bf16-mixed": "mixed"}  # CLI name -> memory.RECIP
 
 
 # --8<-- [start:states]
+def check_shard_size(world_size: int, shard_size: int | None) -> int:
+    """The ranks of one shard group: all of them (FSDP, ZeRO), or a divisor of the world (HSDP)."""
+    shard = world_size if shard_size is None else shard_size
+    if shard < 1 or world_size % shard:
+        raise UsageError(
+            f"--shard-size {shard} does not divide --world-size {world_size}: hybrid sharding "
+            "(HSDP) needs groups of equal size (e.g. the GPUs of one node)"
+        )
+    return shard
+
+
 def zero_state_bytes(
     num_params: float, *, stage: int, world_size: int, precision: str = "fp32",
     shard_size: int | None = None,
@@ -43,12 +54,7 @@ def zero_state_bytes(
         raise UsageError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
     if world_size < 1:
         raise UsageError(f"world size must be at least 1, got {world_size}")
-    n = world_size if shard_size is None else shard_size
-    if n < 1 or world_size % n:
-        raise UsageError(
-            f"--shard-size {n} does not divide --world-size {world_size}: hybrid sharding "
-            "needs groups of equal size (e.g. the GPUs of one node)"
-        )
+    n = check_shard_size(world_size, shard_size)
     weights, grads, optimizer = RECIPES[PRECISIONS[precision]]
     return StateBytes(
         params=round(weights * num_params / (n if stage >= 3 else 1)),
