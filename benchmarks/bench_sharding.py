@@ -20,17 +20,14 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # spawned ranks import this file
 
-from tinyscale.config import ModelConfig
+from bench_zero import BATCH, CFG, SEQ, WORLD  # the same model and batch as our ZeRO's bench
+
 from tinyscale.ddp import rank_batch
 from tinyscale.fsdp import make_mesh, shard_model
 from tinyscale.launch import run_on_ranks
 from tinyscale.model import TinyTransformer
 from tinyscale.zero import ZeRO
 
-CFG = ModelConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                  intermediate_size=1024, vocab_size=4096, max_position_embeddings=64,
-                  dropout=0.0)  # fmt: skip
-BATCH, SEQ, WORLD = 4, 32, 2
 ROUNDS, STEPS, WARMUP = 5, 2, 1
 VARIANTS = ("our ZeRO-3", "FSDP2", "FSDP2 bf16", "DeepSpeed ZeRO-3")
 
