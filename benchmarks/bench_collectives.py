@@ -23,8 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tinyscale.collectives import ring_all_reduce
-from tinyscale.launch import run_on_ranks
+from tinyscale.comm.collectives import ring_all_reduce
+from tinyscale.comm.launch import run_on_ranks
 
 # The ranks are spawned processes: they import _time_both from this file by module name.
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -20,11 +20,11 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # spawned ranks import this file
 
-from tinyscale.config import ModelConfig
-from tinyscale.ddp import NaiveDDP, rank_batch
-from tinyscale.ddp_buckets import BucketedDDP, OverlappedDDP
-from tinyscale.launch import run_on_ranks
-from tinyscale.model import TinyTransformer
+from tinyscale.comm.launch import run_on_ranks
+from tinyscale.core.config import ModelConfig
+from tinyscale.core.model import TinyTransformer
+from tinyscale.data_parallel.ddp import NaiveDDP, rank_batch
+from tinyscale.data_parallel.ddp_buckets import BucketedDDP, OverlappedDDP
 
 # Big enough that gradients (4.2 M parameters, 16 MB) take real time to all-reduce,
 # small enough that a step takes ~0.1 s on one core.

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from tinyscale.model import TinyTransformer
+from tinyscale.core.model import TinyTransformer
 
 ROUNDS, REPEATS, WARMUP = 7, 20, 3
 

@@ -2,7 +2,7 @@
 
 Run:  make bench   (or: python benchmarks/bench_latency.py [--world-size 2])
 
-First the sweep of ``tinyscale.latency`` (4 B to 16 MiB) and its fit t = a + b·S. Then
+First the sweep of ``tinyscale.comm.latency`` (4 B to 16 MiB) and its fit t = a + b·S. Then
 1 MiB of gradients all-reduced two ways in the same processes, interleaved round by
 round: as one all-reduce, and as 256 all-reduces of 4 KiB (what DDP would do with no
 buckets and small tensors). The measured ratio is printed next to the one the fit
@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from tinyscale.latency import fit_latency, many_small_vs_one, measure, report
-from tinyscale.launch import run_on_ranks
+from tinyscale.comm.latency import fit_latency, many_small_vs_one, measure, report
+from tinyscale.comm.launch import run_on_ranks
 
 # The ranks are spawned processes: they import _split_vs_whole from this file by name.
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -22,11 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # spawned ranks import
 
 from bench_zero import BATCH, CFG, SEQ, WORLD  # the same model and batch as our ZeRO's bench
 
-from tinyscale.ddp import rank_batch
-from tinyscale.fsdp import make_mesh, shard_model
-from tinyscale.launch import run_on_ranks
-from tinyscale.model import TinyTransformer
-from tinyscale.zero import ZeRO
+from tinyscale.comm.launch import run_on_ranks
+from tinyscale.core.model import TinyTransformer
+from tinyscale.data_parallel.ddp import rank_batch
+from tinyscale.data_parallel.fsdp import make_mesh, shard_model
+from tinyscale.data_parallel.zero import ZeRO
 
 ROUNDS, STEPS, WARMUP = 5, 2, 1
 VARIANTS = ("our ZeRO-3", "FSDP2", "FSDP2 bf16", "DeepSpeed ZeRO-3")
@@ -44,7 +44,11 @@ def build(name: str, base: TinyTransformer):
         return lambda x, y: (model(x, y)[1].backward(), opt.step(), opt.zero_grad())
     import deepspeed
 
-    from tinyscale.deepspeed_config import DS_CONFIG_DIR, load_ds_config, skip_unused_shm_build
+    from tinyscale.compat.deepspeed_config import (
+        DS_CONFIG_DIR,
+        load_ds_config,
+        skip_unused_shm_build,
+    )
 
     skip_unused_shm_build()
     config = load_ds_config(DS_CONFIG_DIR / "zero3.json", precision="fp32")

@@ -13,9 +13,9 @@ import time
 
 import torch
 
-from tinyscale.config import load_model_config
-from tinyscale.model import TinyTransformer
-from tinyscale.training import TrainConfig, make_optimizer
+from tinyscale.core.config import load_model_config
+from tinyscale.core.model import TinyTransformer
+from tinyscale.core.training import TrainConfig, make_optimizer
 
 ROUNDS, STEPS, WARMUP = 5, 10, 3
 

@@ -3,10 +3,10 @@
 Run:  make bench   (or: python benchmarks/bench_zero.py)
 
 Two ranks (gloo over loopback, one thread each) train the same TinyTransformer with
-ZeRO stages 0 (DDP), 1, 2 and 3 (tinyscale.zero). All four live in the same two
+ZeRO stages 0 (DDP), 1, 2 and 3 (tinyscale.data_parallel.zero). All four live in the same two
 processes and the rounds interleave them, so machine noise hits them alike; each
 figure is the median over rounds. Bytes per step are counted by wrapping the
-collectives (tinyscale.zero_comm.counting_collectives), as in the tests.
+collectives (tinyscale.data_parallel.zero_vs_ddp.counting_collectives), as in the tests.
 """
 
 import statistics
@@ -19,12 +19,12 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # spawned ranks import this file
 
-from tinyscale.config import ModelConfig
-from tinyscale.ddp import rank_batch
-from tinyscale.launch import run_on_ranks
-from tinyscale.model import TinyTransformer
-from tinyscale.zero import STAGES, ZeRO
-from tinyscale.zero_comm import counting_collectives, ring_bytes_sent
+from tinyscale.comm.launch import run_on_ranks
+from tinyscale.core.config import ModelConfig
+from tinyscale.core.model import TinyTransformer
+from tinyscale.data_parallel.ddp import rank_batch
+from tinyscale.data_parallel.zero import STAGES, ZeRO
+from tinyscale.data_parallel.zero_vs_ddp import counting_collectives, ring_bytes_sent
 
 CFG = ModelConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
                   intermediate_size=1024, vocab_size=4096, max_position_embeddings=64,

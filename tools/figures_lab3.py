@@ -7,14 +7,14 @@ Every file comes from a real run on this machine (about two minutes on 2 CPU cor
 - scaling: the Lab 2 script on 1, 2 and 4 simulated nodes (one process each, the same
   global batch of 32), started by code/scripts/fake_multi_node_launcher.py; tokens/s
   from each run's summary.json (scaling.json, .md, .png), and the merged log of the
-  2-node run by ``python -m tinyscale.log_merge`` (log_merge.txt).
+  2-node run by ``python -m tinyscale.ops.log_merge`` (log_merge.txt).
 - barrier: 4 ranks arrive at a real ``dist.barrier()`` 0, 0.5, 1 and 1.5 s late
   (barrier.json, .md, .png); then a rank that never comes, seen by ``dist.barrier()``
   and by ``dist.monitored_barrier`` (barrier_timeout.txt).
 - missing: node 0 of 2 started alone, its agent waiting 5 s for node 1 (node_missing.txt).
 
 Ports become <port>, absolute paths relative ones. tests/scripts/test_fake_multi_node_launcher.py
-and tests/tinyscale/test_multinode.py check the files against themselves.
+and tests/tinyscale/ops/test_multinode.py check the files against themselves.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ import matplotlib.pyplot as plt
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "code"))
 
-from tinyscale.launch import run_on_ranks  # noqa: E402
-from tinyscale.multinode import NEVER, barrier_report, timed_barrier  # noqa: E402
+from tinyscale.comm.launch import run_on_ranks  # noqa: E402
+from tinyscale.ops.multinode import NEVER, barrier_report, timed_barrier  # noqa: E402
 
 OUT = ROOT / "docs" / "generated" / "lab3"
 RUNS = Path("runs") / "lab3-figures"  # relative to ROOT, so printed paths are too
@@ -106,7 +106,7 @@ def scaling() -> None:
     fig.tight_layout()
     fig.savefig(OUT / "scaling.png", dpi=120)
     merged = subprocess.run(
-        [sys.executable, "-m", "tinyscale.log_merge", str(RUNS / "scaling/n2/logs")],
+        [sys.executable, "-m", "tinyscale.ops.log_merge", str(RUNS / "scaling/n2/logs")],
         cwd=ROOT,
         capture_output=True,
         text=True,

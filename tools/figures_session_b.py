@@ -33,7 +33,7 @@ def save(fig: plt.Figure, name: str) -> None:
 
 def allreduce() -> None:
     """Bytes per rank (simulated points on the formula lines) and the alpha-beta crossover."""
-    from tinyscale.comm_model import (
+    from tinyscale.comm.comm_model import (
         allreduce_time,
         ring_allreduce_bytes,
         simulate_ring_allreduce,
@@ -70,7 +70,7 @@ def scaler() -> None:
     import torch.nn.functional as F
     from torch import nn
 
-    from tinyscale.precision import DynamicLossScaler
+    from tinyscale.core.precision import DynamicLossScaler
 
     settings = dict(init_scale=2.0**10, growth_interval=4)
     overflow_at = {3, 4, 12}
@@ -109,9 +109,9 @@ def scaler() -> None:
 
 def accumulation() -> None:
     """Effective batch 32 reached with different micro-batches: peak activations measured."""
-    from tinyscale.accumulation import PeakSavedBytes, accumulate_gradients
-    from tinyscale.memory import measured_state_bytes
-    from tinyscale.model import TinyTransformer
+    from tinyscale.core.accumulation import PeakSavedBytes, accumulate_gradients
+    from tinyscale.core.memory import measured_state_bytes
+    from tinyscale.core.model import TinyTransformer
 
     torch.manual_seed(0)
     model = TinyTransformer()

@@ -3,7 +3,7 @@
 Run:  python tools/figures_week2_memory.py   (about 30 s on 2 CPU cores)
 
 For world sizes 1, 2 and 4, trains FIG_CFG one AdamW step with ZeRO stages 0-3
-(tinyscale.zero_comm.compare_stages) and records, on rank 0, the model-state bytes held
+(tinyscale.data_parallel.zero_vs_ddp.compare_stages) and records, on rank 0, the model-state bytes held
 after the step (counted from the tensors) and the peak model-state bytes sampled inside
 the step (at every gather, reduce-scatter and optimizer step). Activations are not part
 of these numbers. Writes docs/generated/week2/zero_memory.json and zero_memory.png.
@@ -20,10 +20,10 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from tinyscale.config import ModelConfig
-from tinyscale.launch import run_on_ranks
-from tinyscale.memory_calculator import zero_state_bytes
-from tinyscale.zero_comm import compare_stages
+from tinyscale.comm.launch import run_on_ranks
+from tinyscale.core.config import ModelConfig
+from tinyscale.data_parallel.memory_calculator import zero_state_bytes
+from tinyscale.data_parallel.zero_vs_ddp import compare_stages
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "generated" / "week2"

@@ -65,7 +65,7 @@ def overview() -> None:
 
 def layers() -> None:
     """The Lab 1 challenge: num_hidden_layers 2 -> 4, same everything else."""
-    from tinyscale.metrics import plot_loss_curves, read_metrics
+    from tinyscale.core.metrics import plot_loss_curves, read_metrics
 
     dest = OUT / "lab1"
     dest.mkdir(parents=True, exist_ok=True)
@@ -113,7 +113,7 @@ def memory() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tinyscale.memory import model_state_bytes
+    from tinyscale.core.memory import model_state_bytes
 
     dest = OUT / "session_a"
     dest.mkdir(parents=True, exist_ok=True)

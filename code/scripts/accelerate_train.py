@@ -27,14 +27,14 @@ from accelerate.utils import DataLoaderConfiguration, gather_object, set_seed
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from tinyscale.checkpoint import save_checkpoint
-from tinyscale.config import DEFAULT_CONFIG_PATH, load_model_config
-from tinyscale.data import build_datasets
-from tinyscale.dist import fresh_logger
-from tinyscale.errors import ArgumentParser, UsageError, run_cli
-from tinyscale.metrics import MetricsLogger
-from tinyscale.model import TinyTransformer
-from tinyscale.training import TrainConfig, evaluate, lr_at, make_optimizer, progress_line
+from tinyscale.comm.dist import fresh_logger
+from tinyscale.core.checkpoint import save_checkpoint
+from tinyscale.core.config import DEFAULT_CONFIG_PATH, load_model_config
+from tinyscale.core.data import build_datasets
+from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
+from tinyscale.core.metrics import MetricsLogger
+from tinyscale.core.model import TinyTransformer
+from tinyscale.core.training import TrainConfig, evaluate, lr_at, make_optimizer, progress_line
 
 PRECISIONS = ("no", "bf16", "fp16")
 LAUNCH = "accelerate launch --multi_gpu --num_processes 2 code/scripts/accelerate_train.py --cpu"

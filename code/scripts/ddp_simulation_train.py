@@ -27,11 +27,16 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
-from tinyscale.accumulation import accumulate_gradients
-from tinyscale.checkpoint import load_checkpoint
-from tinyscale.config import DEFAULT_CONFIG_PATH, ModelConfig, load_model_config
-from tinyscale.data import LMData, build_datasets
-from tinyscale.ddp_training import (
+from tinyscale.comm.dist import DistEnv, device_for, dist_env, distributed, rank_logger
+from tinyscale.core.accumulation import accumulate_gradients
+from tinyscale.core.checkpoint import load_checkpoint
+from tinyscale.core.config import DEFAULT_CONFIG_PATH, ModelConfig, load_model_config
+from tinyscale.core.data import LMData, build_datasets
+from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
+from tinyscale.core.model import TinyTransformer
+from tinyscale.core.precision import PRECISIONS, autocast_context, make_scaler
+from tinyscale.core.training import TrainConfig, get_batch, lr_at, make_optimizer, seed_everything
+from tinyscale.data_parallel.ddp_training import (
     BatchPlan,
     evaluate_sharded,
     latest_checkpoint,
@@ -43,11 +48,6 @@ from tinyscale.ddp_training import (
     steps_and_total,
     tokens_per_second,
 )
-from tinyscale.dist import DistEnv, device_for, dist_env, distributed, rank_logger
-from tinyscale.errors import ArgumentParser, UsageError, run_cli
-from tinyscale.model import TinyTransformer
-from tinyscale.precision import PRECISIONS, autocast_context, make_scaler
-from tinyscale.training import TrainConfig, get_batch, lr_at, make_optimizer, seed_everything
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

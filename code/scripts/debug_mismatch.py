@@ -12,7 +12,7 @@ process group's timeout; with DETAIL every collective is first checked across ra
 import torch
 import torch.distributed as dist
 
-from tinyscale.dist import distributed
+from tinyscale.comm.dist import distributed
 
 
 def main() -> None:

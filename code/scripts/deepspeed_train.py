@@ -29,18 +29,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tinyscale.config import DEFAULT_CONFIG_PATH, ModelConfig, load_model_config
-from tinyscale.data import LMData, build_datasets
-from tinyscale.ddp_training import (
-    BatchPlan,
-    gather_rng_states,
-    make_sampler,
-    rank_batches,
-    restore_rng,
-    steps_and_total,
-    tokens_per_second,
-)
-from tinyscale.deepspeed_config import (
+from tinyscale.comm.dist import DistEnv, device_for, dist_env, distributed, rank_logger
+from tinyscale.compat.deepspeed_config import (
     PRECISIONS,
     batch_sizes,
     load_ds_config,
@@ -49,13 +39,23 @@ from tinyscale.deepspeed_config import (
     skip_unused_shm_build,
     zero_stage,
 )
-from tinyscale.deepspeed_costs import engine_state_bytes
-from tinyscale.dist import DistEnv, device_for, dist_env, distributed, rank_logger
-from tinyscale.errors import ArgumentParser, UsageError, run_cli
-from tinyscale.memory import human_bytes
-from tinyscale.metrics import MetricsLogger, read_metrics
-from tinyscale.model import TinyTransformer
-from tinyscale.training import TrainConfig, get_batch, lr_at, make_optimizer, seed_everything
+from tinyscale.compat.deepspeed_costs import engine_state_bytes
+from tinyscale.core.config import DEFAULT_CONFIG_PATH, ModelConfig, load_model_config
+from tinyscale.core.data import LMData, build_datasets
+from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
+from tinyscale.core.memory import human_bytes
+from tinyscale.core.metrics import MetricsLogger, read_metrics
+from tinyscale.core.model import TinyTransformer
+from tinyscale.core.training import TrainConfig, get_batch, lr_at, make_optimizer, seed_everything
+from tinyscale.data_parallel.ddp_training import (
+    BatchPlan,
+    gather_rng_states,
+    make_sampler,
+    rank_batches,
+    restore_rng,
+    steps_and_total,
+    tokens_per_second,
+)
 
 SIDECAR = "tinyscale.json"  # beside DeepSpeed's files in every checkpoint: what wrote it
 

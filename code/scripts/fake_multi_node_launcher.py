@@ -24,9 +24,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tinyscale.errors import ArgumentParser, UsageError, run_cli
-from tinyscale.launch import free_port
-from tinyscale.multinode import (
+from tinyscale.comm.launch import free_port
+from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
+from tinyscale.ops.multinode import (
     check_layout,
     check_port_free,
     expected_env,
@@ -118,7 +118,7 @@ def agent_command(args: argparse.Namespace, node_rank: int) -> list[str]:
         "--master-port", str(args.master_port),
         "--rdzv-conf", f"timeout={args.rdzv_timeout:g}",  # how long agents wait for peers
         "--max-restarts", "0",
-        "-m", "tinyscale.multinode",  # prints what this process was told, then runs:
+        "-m", "tinyscale.ops.multinode",  # prints what this process was told, then runs:
         args.script, *args.script_args,
     ]  # fmt: skip
 

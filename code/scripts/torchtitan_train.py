@@ -2,7 +2,7 @@
 """torchtitan's trainer, with tinyscale's CPU patches applied first when there is no GPU.
 
 Laptop:  torchrun --nproc-per-node 2 code/scripts/torchtitan_train.py \
-             --module tinyscale.titan_config --config tinyscale_debug
+             --module tinyscale.compat.titan_config --config tinyscale_debug
 GPUs:    torchrun --nproc-per-node 8 code/scripts/torchtitan_train.py \
              --module llama3 --config llama3_debugmodel
 
@@ -10,7 +10,7 @@ Every argument goes to torchtitan: --module/--config pick a config function, and
 <section>.<field> flags override it (see --help).
 """
 
-from tinyscale import titan_compat
+from tinyscale.compat import titan_compat
 
 if __name__ == "__main__":
     titan_compat.apply()  # no-op on a GPU machine

@@ -9,12 +9,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from tinyscale.checkpoint import load_checkpoint
-from tinyscale.config import DEFAULT_CONFIG_PATH, load_model_config
-from tinyscale.data import build_datasets
-from tinyscale.errors import ArgumentParser, run_cli
-from tinyscale.model import TinyTransformer
-from tinyscale.training import DEVICES, TrainConfig, seed_everything, select_device, train
+from tinyscale.core.checkpoint import load_checkpoint
+from tinyscale.core.config import DEFAULT_CONFIG_PATH, load_model_config
+from tinyscale.core.data import build_datasets
+from tinyscale.core.errors import ArgumentParser, run_cli
+from tinyscale.core.model import TinyTransformer
+from tinyscale.core.training import DEVICES, TrainConfig, seed_everything, select_device, train
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -1,8 +1,14 @@
 # --8<-- [start:package]
-"""tinyscale: the code of the course, one concept per module.
+"""tinyscale: the code of the course. One topic per folder, one concept per module.
 
-config (the model's shape), model (TinyTransformer), data (corpus, tokenizer, blocks),
-training (the loop), checkpoint (atomic save, safe load), metrics (logs and curves),
-memory (estimates and measurements), errors (one-line errors, exit code 2).
+    core            one process: the model, its data, the training loop, checkpoints
+    comm            processes and messages: process groups, launchers, collectives
+    data_parallel   DDP, ZeRO, FSDP: every rank trains the whole model on its own data
+    compat          DeepSpeed and torchtitan on the course's model
+    ops             cluster operations: multi-node launches, probes, hangs, storage
+
+Imports flow one way: core <- comm <- data_parallel <- compat; ops may import any of
+them and nothing imports ops. Import a module by its full name, for example
+``from tinyscale.core.model import TinyTransformer``; the folders re-export nothing.
 """
 # --8<-- [end:package]

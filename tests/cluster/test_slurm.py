@@ -3,7 +3,7 @@
 tools/slurm/cluster.sh starts munged, slurmctld and one slurmd per simulated node (node1,
 node2) in a temporary state directory on free ports. code/config/slurm_example.sbatch is
 submitted twice at once: with torchrun as the per-node launcher, and with srun starting
-every rank itself (tinyscale.dist then maps SLURM_PROCID/SLURM_NTASKS/... to ranks).
+every rank itself (tinyscale.comm.dist then maps SLURM_PROCID/SLURM_NTASKS/... to ranks).
 Checked:
 
 - both jobs COMPLETED with exit code 0 on node[1-2], every job step launched on both nodes
@@ -32,8 +32,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from tinyscale.dist import dist_env
-from tinyscale.launch import free_port
+from tinyscale.comm.dist import dist_env
+from tinyscale.comm.launch import free_port
 
 CLUSTER = ROOT / "tools" / "slurm" / "cluster.sh"
 CPU_BATCH = ROOT / "code" / "config" / "slurm_example.sbatch"
@@ -294,7 +294,7 @@ def test_batch_file_trains_on_two_nodes(
     summary = json.loads((job.run_dir / "summary.json").read_text())
     assert (summary["world_size"], summary["steps"]) == (2, STEPS)
     assert f"summary: {STEPS} steps" in job.output and "over 2 ranks" in job.output
-    name = "torchrun" if launcher == "torchrun" else "slurm"  # what tinyscale.dist detected
+    name = "torchrun" if launcher == "torchrun" else "slurm"  # what tinyscale.comm.dist detected
     for rank in (0, 1):
         log = (job.run_dir / "logs" / f"rank_{rank}" / "train.log").read_text()
         assert f"rank {rank}/2 local_rank 0 | {name} | backend gloo" in log
@@ -314,7 +314,7 @@ def test_both_launchers_train_the_same_model(jobs: dict[str, Job]) -> None:
 @needs_slurm
 def test_dist_env_reads_the_variables_the_job_saw(jobs: dict[str, Job]) -> None:
     """The probe step printed SLURM's variables on each node; dist_env must map them to the
-    ranks srun's tasks then used (LAUNCHER=srun: tinyscale.dist read the same variables)."""
+    ranks srun's tasks then used (LAUNCHER=srun: tinyscale.comm.dist read the same variables)."""
     for job in jobs.values():
         addr, port = RENDEZVOUS.search(job.output).group("addr", "port")
         assert addr == NODES[0] and int(port) == 20000 + int(job.id) % 20000

@@ -88,8 +88,8 @@ def test_dockerfile(docker: list[tuple[str, str]], root: Path) -> None:
             for source in sources:
                 assert (root / source).exists(), f"COPY {source}: not in the repository"
     [cmd] = [a for op, a in docker if op == "CMD"]
-    assert cmd == '["python", "-m", "tinyscale.gpu_probe"]'
-    assert (root / "code/tinyscale/gpu_probe.py").is_file()
+    assert cmd == '["python", "-m", "tinyscale.ops.gpu_probe"]'
+    assert (root / "code/tinyscale/ops/gpu_probe.py").is_file()
 
 
 def test_apptainer_definition(docker: list[tuple[str, str]], root: Path) -> None:
@@ -103,7 +103,7 @@ def test_apptainer_definition(docker: list[tuple[str, str]], root: Path) -> None
     assert f'"torch=={torch_pin(root)}" --index-url https://download.pytorch.org/whl/cu130' in post
     assert "pip install --no-cache-dir -e /opt/tinyscale" in post
     assert "export PATH=/opt/venv/bin:$PATH" in sections["environment"]
-    assert any("python -m tinyscale.gpu_probe" in line for line in sections["runscript"])
+    assert any("python -m tinyscale.ops.gpu_probe" in line for line in sections["runscript"])
     assert sections["test"]
 
 

@@ -1,5 +1,5 @@
 """code/config/k8s/pytorchjob.yaml: the fields that matter, read with PyYAML; and
-tinyscale.k8s_check, which must pass the course's manifest and fail each broken copy of it.
+tinyscale.ops.k8s_check, which must pass the course's manifest and fail each broken copy of it.
 """
 
 import copy
@@ -12,8 +12,8 @@ import pytest
 import yaml
 
 from conftest import load_script
-from tinyscale.errors import UsageError, run_cli
-from tinyscale.k8s_check import flag, main
+from tinyscale.core.errors import UsageError, run_cli
+from tinyscale.ops.k8s_check import flag, main
 
 MANIFEST = Path("code/config/k8s/pytorchjob.yaml")
 

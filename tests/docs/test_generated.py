@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tinyscale.metrics import read_metrics
+from tinyscale.core.metrics import read_metrics
 
 GENERATED = Path(__file__).resolve().parents[2] / "docs" / "generated"
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from conftest import ROOT, load_script
-from tinyscale.launch import free_port
+from tinyscale.comm.launch import free_port
 
 LAB2 = ROOT / "docs" / "generated" / "lab2"
 SCRIPT = ROOT / "code" / "scripts" / "ddp_simulation_train.py"

@@ -2,8 +2,8 @@
 
 Pages include sections of the modules under code/ with pymdownx.snippets:
 
-    ```python title="code/tinyscale/model.py"
-    --8<-- "code/tinyscale/model.py:attention"
+    ```python title="code/tinyscale/core/model.py"
+    --8<-- "code/tinyscale/core/model.py:attention"
     ```
 
 `check_paths: true` already fails the build on a missing file or section; these tests
@@ -79,8 +79,8 @@ class Include:
     """One snippet include on a page."""
 
     lineno: int  # 1-based line of the page
-    raw: str  # the target as written, e.g. "code/tinyscale/model.py:attention"
-    path: str  # "code/tinyscale/model.py"
+    raw: str  # the target as written, e.g. "code/tinyscale/core/model.py:attention"
+    path: str  # "code/tinyscale/core/model.py"
     section: str | None  # "attention", or None for the whole file
     line_ranges: str | None  # ":10:20" if lines were selected by number
     fence_info: str | None  # info string of the enclosing fence; None outside any fence

@@ -7,7 +7,7 @@ One launch (about 15 s on 2 cores) with gradient accumulation 2 and dropout 0, t
   j of the epoch's shuffle goes to process j % 2, and the shards of one optimizer step add up
   to Lab 1's batch of that step;
 - both processes end with bit-identical weights, and the main process's checkpoint holds them
-  and loads with tinyscale.checkpoint.load_checkpoint;
+  and loads with tinyscale.core.checkpoint.load_checkpoint;
 - parity: the 2-process, 2-micro-batch run takes the same steps as Lab 1's single-process loop
   on the whole 16-block batch (losses within 1e-5 nats, weights within 1e-4).
 
@@ -29,14 +29,14 @@ import pytest
 import torch
 
 from conftest import ROOT, load_script
-from tinyscale.checkpoint import load_checkpoint
-from tinyscale.config import load_model_config
-from tinyscale.data import LMData, build_datasets
-from tinyscale.errors import run_cli
-from tinyscale.launch import free_port
-from tinyscale.metrics import read_metrics
-from tinyscale.model import TinyTransformer
-from tinyscale.training import epoch_batches
+from tinyscale.comm.launch import free_port
+from tinyscale.core.checkpoint import load_checkpoint
+from tinyscale.core.config import load_model_config
+from tinyscale.core.data import LMData, build_datasets
+from tinyscale.core.errors import run_cli
+from tinyscale.core.metrics import read_metrics
+from tinyscale.core.model import TinyTransformer
+from tinyscale.core.training import epoch_batches
 
 SCRIPT = ROOT / "code" / "scripts" / "accelerate_train.py"
 RECORDED = ROOT / "docs" / "generated" / "accelerate"
@@ -329,7 +329,7 @@ def test_processes_that_do_not_see_each_other_are_refused(
 def test_accelerate_launch_cpu_with_many_processes_is_refused(
     script: ModuleType, environ: dict[str, str], refused: bool
 ) -> None:
-    from tinyscale.errors import UsageError
+    from tinyscale.core.errors import UsageError
 
     if not refused:
         script.check_launch(environ)

@@ -30,9 +30,9 @@ import pytest
 import torch
 
 from conftest import ROOT, load_script
-from tinyscale.checkpoint import load_checkpoint
-from tinyscale.errors import run_cli
-from tinyscale.launch import free_port
+from tinyscale.comm.launch import free_port
+from tinyscale.core.checkpoint import load_checkpoint
+from tinyscale.core.errors import run_cli
 
 SCRIPT = "code/scripts/ddp_simulation_train.py"
 LAB_ARGS = ["--max-steps", "40", "--log-every", "1"]  # the page's command, logged every step

@@ -12,7 +12,7 @@ deterministic and comparable:
 - Bad input: one ``error:`` line, exit code 2, nothing written (in-process, no launch).
 
 ZeRO-1, ZeRO-2 and ZeRO-3 taking the same step is the loss column of the page's
-`python -m tinyscale.deepspeed_costs` block; ZeRO-2 training through this script, and a
+`python -m tinyscale.compat.deepspeed_costs` block; ZeRO-2 training through this script, and a
 resume across launchers, are the page's two laptop commands (all run by CI).
 """
 
@@ -27,10 +27,10 @@ from types import ModuleType
 import pytest
 
 from conftest import ROOT, load_script
-from tinyscale.errors import run_cli
-from tinyscale.launch import free_port
-from tinyscale.memory import human_bytes
-from tinyscale.metrics import read_metrics
+from tinyscale.comm.launch import free_port
+from tinyscale.core.errors import run_cli
+from tinyscale.core.memory import human_bytes
+from tinyscale.core.metrics import read_metrics
 
 SCRIPT = ROOT / "code" / "scripts" / "deepspeed_train.py"
 CONFIGS = ROOT / "code" / "config" / "deepspeed"
@@ -141,8 +141,8 @@ def test_same_steps_as_lab1_single_process_loop(
 def test_each_rank_holds_the_zero3_share(zero3: Path) -> None:
     """fp32 ZeRO-3: 4Ψ/N of weights; 12Ψ/N of optimizer state (an fp32 master copy + Adam's
     two moments: DeepSpeed keeps the master copy even when the weights are fp32)."""
-    from tinyscale.config import load_model_config
-    from tinyscale.model import TinyTransformer
+    from tinyscale.core.config import load_model_config
+    from tinyscale.core.model import TinyTransformer
 
     model = TinyTransformer(load_model_config(ROOT / "code" / "config" / "config.json"))
     assert sum(p.numel() for p in model.parameters()) == NUM_PARAMS

@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, load_script
-from tinyscale.errors import run_cli
-from tinyscale.launch import free_port
-from tinyscale.multinode import expected_env
+from tinyscale.comm.launch import free_port
+from tinyscale.core.errors import run_cli
+from tinyscale.ops.multinode import expected_env
 
 LAUNCHER = "code/scripts/fake_multi_node_launcher.py"
 PAGE = ROOT / "docs" / "workshop" / "lab-3.md"

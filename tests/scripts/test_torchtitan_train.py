@@ -1,4 +1,4 @@
-"""torchtitan's debug model on CPU (code/scripts/torchtitan_train.py, tinyscale.titan_config).
+"""torchtitan's debug model on CPU (code/scripts/torchtitan_train.py, tinyscale.compat.titan_config).
 
 The training runs are the torchtitan page's code blocks: CI runs them (2 gloo ranks,
 FSDP; then a resume from the step-3 checkpoint) and compares their output with the
@@ -16,7 +16,7 @@ from conftest import recorded_output
 
 pytest.importorskip("torchtitan", reason="torchtitan is in the cluster extra: make setup")
 
-from tinyscale.titan_config import VOCAB_SIZE, prepare_assets, tinyscale_debug
+from tinyscale.compat.titan_config import VOCAB_SIZE, prepare_assets, tinyscale_debug
 
 
 def recorded(command_end: str = "--config tinyscale_debug 2>&1") -> str:

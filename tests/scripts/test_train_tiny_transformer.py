@@ -23,10 +23,10 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import ROOT, load_script
-from tinyscale.checkpoint import load_checkpoint, save_checkpoint
-from tinyscale.config import load_model_config
-from tinyscale.errors import run_cli
-from tinyscale.metrics import read_metrics
+from tinyscale.core.checkpoint import load_checkpoint, save_checkpoint
+from tinyscale.core.config import load_model_config
+from tinyscale.core.errors import run_cli
+from tinyscale.core.metrics import read_metrics
 
 SCRIPT = ROOT / "code" / "scripts" / "train_tiny_transformer.py"
 SHIPPED_CONFIG = ROOT / "code" / "config" / "config.json"

@@ -1,0 +1,17 @@
+# --8<-- [start:map]
+"""tinyscale.comm: processes and the messages between them.
+
+Joining a process group, running a function on N ranks, collectives built from send and
+recv, and what they cost. Session B, Session C and Week 1 teach these; they import only
+tinyscale.core.
+
+    module          taught on
+    dist            workshop/lab-2.md, workshop/session-c.md
+    comm_model      workshop/session-b.md
+    launch          week-1/index.md
+    workers         week-1/index.md
+    collectives     week-1/collectives.md
+    tree_allreduce  week-1/collectives.md
+    latency         operations/nccl-network.md
+"""
+# --8<-- [end:map]

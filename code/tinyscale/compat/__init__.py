@@ -1,0 +1,15 @@
+# --8<-- [start:map]
+"""tinyscale.compat: third-party engines on the course's model. DeepSpeed and torchtitan.
+
+Each module reads an engine's own configs, patches what it needs on a CPU, or proves it
+equal to what the course built. They may import any of tinyscale.core, tinyscale.comm,
+tinyscale.data_parallel and tinyscale.model_parallel; those never import them.
+
+    module              taught on
+    deepspeed_config    workshop/deepspeed.md
+    deepspeed_costs     week-2/deepspeed-zero.md, workshop/deepspeed.md
+    zero_vs_deepspeed   week-2/deepspeed-zero.md
+    titan_compat        week-2/torchtitan.md
+    titan_config        week-2/torchtitan.md
+"""
+# --8<-- [end:map]

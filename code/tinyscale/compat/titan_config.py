@@ -1,0 +1,77 @@
+# --8<-- [start:assets]
+"""torchtitan configs for this course: Python functions, as torchtitan 0.3.0 wants them.
+
+    torchrun --nproc-per-node 2 code/scripts/torchtitan_train.py \\
+        --module tinyscale.compat.titan_config --config tinyscale_debug
+
+`--module` names a Python module and `--config` one of its functions; the function
+returns a Trainer.Config, and flags such as `--training.steps 20` override its fields.
+Ours starts from torchtitan's own llama3 debug model and changes only what a laptop
+needs: our tokenizer and corpus (its wheel ships neither; nothing is downloaded), short
+sequences, a few steps, no activation checkpointing, a fixed seed.
+"""
+
+import json
+import os
+from pathlib import Path
+
+from torchtitan.models.llama3.config_registry import llama3_debugmodel
+from torchtitan.trainer import Trainer
+
+from tinyscale.core.data import EOT, load_corpus, train_tokenizer
+
+ASSETS = Path("runs/torchtitan/assets")  # made by prepare_assets(), not committed
+VOCAB_SIZE = 512  # our BPE tokenizer; the debug model's 2,048 embeddings cover it
+
+
+def prepare_assets(out: Path = ASSETS) -> Path:
+    """Write our tokenizer as Hugging Face files and our corpus as JSON lines, once.
+
+    Every rank calls this at start, at the same time: each file is written under a name
+    of its own process and renamed into place, so a reader never sees half a file.
+    """
+    tokenizer_dir, corpus_dir = out / "tokenizer", out / "corpus"
+    if (corpus_dir / "train.jsonl").is_file():  # the last file written: all are there
+        return out
+    documents = load_corpus()  # the Python standard library's sources, shipped with Python
+    special = {"eos_token": EOT, "bos_token": EOT, "add_bos_token": False, "add_eos_token": True}
+    files = {
+        tokenizer_dir / "tokenizer.json": train_tokenizer(documents, VOCAB_SIZE).to_str(),
+        tokenizer_dir / "tokenizer_config.json": json.dumps(special),
+        corpus_dir / "train.jsonl": "".join(json.dumps({"text": d}) + "\n" for d in documents),
+    }
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        os.replace(tmp, path)  # atomic: the old name, or the whole new file
+    return out
+
+
+# --8<-- [end:assets]
+
+
+# --8<-- [start:config]
+def tinyscale_debug() -> Trainer.Config:
+    """llama3's debug model (6 layers, dim 256) on our data, sized for two CPU processes."""
+    assets = prepare_assets()
+    config = llama3_debugmodel()
+    config.hf_assets_path = str(assets / "tokenizer")  # tokenizer.json + tokenizer_config.json
+    config.dataloader.dataset_path = str(assets / "corpus")  # read by the "c4_test" loader
+    config.training.seq_len = 128
+    config.training.local_batch_size = 2
+    config.training.steps = 6
+    config.lr_scheduler.warmup_steps = 2
+    config.parallelism.data_parallel_shard_degree = -1  # FSDP over every rank
+    config.activation_checkpoint = None  # = activation-checkpoint:none on the command line
+    config.validator.enable = False
+    config.checkpoint.enable = True
+    config.checkpoint.interval = 3
+    config.checkpoint.folder = "checkpoint"  # under --dump-folder
+    config.dump_folder = "runs/torchtitan/out"
+    config.metrics.disable_color_printing = True
+    config.debug.seed = 0
+    return config
+
+
+# --8<-- [end:config]

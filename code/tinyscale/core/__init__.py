@@ -1,0 +1,19 @@
+# --8<-- [start:map]
+"""tinyscale.core: one process. The model, its data, the hand-written training loop.
+
+Session A and Lab 1 build these; every later lesson imports them. They import nothing
+else of tinyscale: a core module runs in one process, with no process group.
+
+    module          taught on
+    errors          workshop/lab-1.md
+    config          workshop/lab-1.md
+    model           workshop/lab-1.md
+    data            workshop/lab-1.md
+    metrics         workshop/lab-1.md
+    checkpoint      workshop/lab-1.md, workshop/session-a.md
+    training        start/overview.md, workshop/session-a.md
+    memory          workshop/session-a.md
+    accumulation    workshop/lab-2.md, workshop/session-b.md
+    precision       workshop/session-b.md
+"""
+# --8<-- [end:map]

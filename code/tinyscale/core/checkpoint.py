@@ -1,0 +1,104 @@
+# --8<-- [start:save]
+"""Checkpoints that are never half-written and never load blindly.
+
+Try it:  python -c "from tinyscale.core.checkpoint import describe_checkpoint as d; print(d('runs/lab1/checkpoints/latest.pt'))"
+"""
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tinyscale.core.config import ModelConfig
+from tinyscale.core.errors import UsageError
+
+FORMAT = "tinyscale.checkpoint.v1"
+
+
+def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
+    """Write ``state`` to ``path`` atomically: to a temporary file first, then rename.
+
+    A crash (or Ctrl-C) mid-write leaves the previous checkpoint intact: ``os.replace``
+    swaps the name in one step, so readers see the old file or the new one, never half.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save({"format": FORMAT, **state}, f)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before the name points at them
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # only left if something above failed
+    return path
+
+
+# --8<-- [end:save]
+
+
+# --8<-- [start:load]
+def load_checkpoint(path: str | Path, *, expect: ModelConfig | None = None) -> dict[str, Any]:
+    """Load a checkpoint with ``weights_only=True``: tensors and plain data, never code.
+
+    With ``expect``, refuse a checkpoint trained with a different model config, with an
+    error that says which field differs, instead of a wall of size-mismatch messages.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"checkpoint {path} not found: check the path, or start without --resume")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # truncated, not a zip, pickled code: all mean "do not trust it"
+        raise UsageError(
+            f"checkpoint {path} is corrupt or not a tinyscale checkpoint ({type(err).__name__}): "
+            "resume from an earlier checkpoint or start without --resume"
+        ) from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise UsageError(
+            f"{path} is not a tinyscale checkpoint (no '{FORMAT}' marker): "
+            "pass a runs/<name>/checkpoints/step_*.pt file written by the course scripts"
+        )
+    if expect is not None:
+        saved = state["model_config"]
+        for key, value in dataclasses.asdict(expect).items():
+            if saved.get(key) != value:
+                raise UsageError(
+                    f"checkpoint {path} was trained with {key}={saved.get(key)}, but the config "
+                    f"says {key}={value}: pass the --config it was trained with, or start a new run"
+                )
+    return state
+
+
+# --8<-- [end:load]
+
+
+# --8<-- [start:describe]
+def describe_checkpoint(path: str | Path) -> str:
+    """What a checkpoint holds: its keys, every weight's shape and bytes, the optimizer's total."""
+    state = load_checkpoint(path)
+    lines = [f"{path}: step {state['step']}, epoch {state['epoch']}", f"keys: {', '.join(state)}"]
+    total, seen = 0, {}
+    for name, tensor in state["model"].items():
+        nbytes = tensor.numel() * tensor.element_size()
+        shape = f"{tuple(tensor.shape)!s:<12} {tensor.dtype}"
+        storage = tensor.untyped_storage().data_ptr()
+        if storage in seen:  # a tied weight: torch.save writes shared storage once
+            lines.append(f"  {name:<28} {shape}  = {seen[storage]} (tied)")
+            continue
+        seen[storage] = name
+        total += nbytes
+        lines.append(f"  {name:<28} {shape} {nbytes:>9,} B")
+    moments = [t for s in state["optimizer"]["state"].values() for t in s.values() if t.dim() > 0]
+    optimizer_bytes = sum(t.numel() * t.element_size() for t in moments)
+    lines.append(
+        f"  {'optimizer state':<28} {len(moments)} tensors (Adam exp_avg, exp_avg_sq) {optimizer_bytes:>9,} B"
+    )
+    lines.append(f"  {'total':<28} {total + optimizer_bytes:>39,} B")
+    return "\n".join(lines)
+
+
+# --8<-- [end:describe]

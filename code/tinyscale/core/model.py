@@ -1,0 +1,138 @@
+# --8<-- [start:attention]
+"""TinyTransformer: a GPT-style decoder small enough to train on a laptop in seconds.
+
+Defined once here and imported by every lab. A big language model is this same code
+with bigger numbers in ``code/config/config.json``.
+
+Try it:  python -c "from tinyscale.core.model import TinyTransformer; print(TinyTransformer())"
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tinyscale.core.config import ModelConfig
+
+
+class CausalSelfAttention(nn.Module):
+    """Each token mixes in the tokens before it, in ``num_attention_heads`` parallel heads."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_heads = cfg.num_attention_heads
+        self.dropout = cfg.dropout
+        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)  # q, k, v in one matmul
+        self.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape  # batch, time (sequence), channels (hidden_size)
+        q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
+        # split channels into heads: (B, T, C) -> (B, nh, T, hs)
+        q, k, v = (
+            t.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2) for t in (q, k, v)
+        )
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )  # (B, nh, T, hs): token t only attends to tokens <= t
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads back side by side
+        return self.proj(y)
+
+
+# --8<-- [end:attention]
+
+
+# --8<-- [start:block]
+class FeedForward(nn.Module):
+    """The per-token MLP (the FFN): widen to intermediate_size, GELU, narrow back."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.up = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(F.gelu(self.up(x)))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attention(norm(x)), then x + ffn(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.ffn = FeedForward(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.ln1(x)))  # residual connections keep gradients flowing
+        return x + self.drop(self.ffn(self.ln2(x)))
+
+
+# --8<-- [end:block]
+
+
+# --8<-- [start:model]
+class TinyTransformer(nn.Module):
+    """Token + position embeddings, a stack of blocks, and a head that scores the next token."""
+
+    def __init__(self, cfg: ModelConfig | None = None) -> None:
+        super().__init__()
+        self.cfg = cfg = cfg or ModelConfig()
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.pos_emb = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_hidden_layers))
+        self.ln_f = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.tok_emb.weight  # weight tying: one matrix, used twice
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear | nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def forward(
+        self, input_ids: torch.Tensor, targets: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Return next-token logits (B, T, vocab) and, given targets (B, T), the mean loss."""
+        B, T = input_ids.shape
+        if T > self.cfg.max_position_embeddings:
+            raise ValueError(
+                f"sequence length {T} exceeds max_position_embeddings "
+                f"{self.cfg.max_position_embeddings}: use shorter blocks or raise it in the config"
+            )
+        pos = torch.arange(T, device=input_ids.device)  # (T,)
+        x = self.drop(self.tok_emb(input_ids) + self.pos_emb(pos))  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
+        loss = None
+        if targets is not None:  # cross-entropy over every position at once
+            loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
+        return logits, loss
+
+    def num_parameters(self) -> int:
+        """Unique parameters (the tied embedding counts once)."""
+        return sum(p.numel() for p in self.parameters())
+
+
+# --8<-- [end:model]
+
+
+# --8<-- [start:count]
+def count_parameters(cfg: ModelConfig) -> int:
+    """The parameter count, on paper: what ``TinyTransformer(cfg).num_parameters()`` returns."""
+    h, i, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
+    embeddings = cfg.vocab_size * h + cfg.max_position_embeddings * h  # lm_head is tied
+    attention = (h * 3 * h + 3 * h) + (h * h + h)  # qkv and output projection, with biases
+    ffn = (h * i + i) + (i * h + h)
+    norms = 2 * (2 * h)  # two LayerNorms per block, each a weight and a bias
+    return embeddings + L * (attention + ffn + norms) + 2 * h  # + the final LayerNorm
+
+
+# --8<-- [end:count]

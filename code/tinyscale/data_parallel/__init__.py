@@ -1,0 +1,19 @@
+# --8<-- [start:map]
+"""tinyscale.data_parallel: every rank trains the whole model on its own share of the data.
+
+DDP, then sharding the model states across the data-parallel ranks (ZeRO, FSDP), and
+the checkpoints that go with them. Lab 2 and Weeks 1-2 teach these; they import
+tinyscale.core and tinyscale.comm.
+
+    module              taught on
+    ddp_training        workshop/lab-2.md
+    sharded_checkpoint  workshop/checkpoints.md
+    data_sharding       week-1/data-sharding.md
+    ddp                 week-1/ddp-from-scratch.md
+    ddp_buckets         week-1/ddp-from-scratch.md
+    zero                week-2/zero-from-scratch.md
+    zero_vs_ddp         week-2/zero-from-scratch.md
+    memory_calculator   week-2/memory-calculator.md
+    fsdp                week-2/fsdp.md
+"""
+# --8<-- [end:map]

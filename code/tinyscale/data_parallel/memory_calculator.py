@@ -1,0 +1,158 @@
+# --8<-- [start:header]
+"""Bytes per rank for a model config, a precision, a world size and a ZeRO stage.
+
+    python -m tinyscale.data_parallel.memory_calculator --config code/config/config.json \\
+        --precision bf16-mixed --world-size 4 --stage 2 --micro-batch 8
+
+Model states follow the ZeRO paper (Rajbhandari et al. 2020, arXiv:1910.02054, §3.1 and
+Figure 1): K bytes per parameter of optimizer state, divided by N from stage 1, the
+gradients from stage 2, the weights at stage 3. Activations are counted for
+TinyTransformer, tensor by tensor, from what its forward saves for backward.
+"""
+
+import dataclasses
+from collections.abc import Sequence
+
+from tinyscale.core.config import ModelConfig, load_model_config
+from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
+from tinyscale.core.memory import RECIPES, StateBytes, human_bytes
+from tinyscale.core.model import count_parameters
+
+PRECISIONS = {"fp32": "fp32", "bf16-mixed": "mixed"}  # CLI name -> memory.RECIPES key
+
+# --8<-- [end:header]
+
+
+# --8<-- [start:states]
+def check_shard_size(world_size: int, shard_size: int | None) -> int:
+    """The ranks of one shard group: all of them (FSDP, ZeRO), or a divisor of the world (HSDP)."""
+    shard = world_size if shard_size is None else shard_size
+    if shard < 1 or world_size % shard:
+        raise UsageError(
+            f"--shard-size {shard} does not divide --world-size {world_size}: hybrid sharding "
+            "(HSDP) needs groups of equal size (e.g. the GPUs of one node)"
+        )
+    return shard
+
+
+def zero_state_bytes(
+    num_params: float, *, stage: int, world_size: int, precision: str = "fp32",
+    shard_size: int | None = None,
+) -> StateBytes:  # fmt: skip
+    """Model-state bytes one rank holds: (weights, gradients, optimizer) / N where sharded.
+
+    fp32:        4Ψ + 4Ψ + 8Ψ  (Adam's two moments)
+    bf16-mixed:  2Ψ + 2Ψ + 12Ψ (fp32 master weights and moments): the paper's 16Ψ,
+    so ZeRO-1 = 4Ψ + 12Ψ/N, ZeRO-2 = 2Ψ + 14Ψ/N, ZeRO-3 = 16Ψ/N.
+
+    Hybrid sharding (HSDP) shards over groups of `shard_size` ranks and replicates across
+    the world_size / shard_size groups: divide by the group size, not by N.
+    """
+    if stage not in (0, 1, 2, 3):
+        raise UsageError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage!r}")
+    if precision not in PRECISIONS:
+        raise UsageError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    if world_size < 1:
+        raise UsageError(f"world size must be at least 1, got {world_size}")
+    n = check_shard_size(world_size, shard_size)
+    weights, grads, optimizer = RECIPES[PRECISIONS[precision]]
+    return StateBytes(
+        params=round(weights * num_params / (n if stage >= 3 else 1)),
+        grads=round(grads * num_params / (n if stage >= 2 else 1)),
+        optimizer=round(optimizer * num_params / (n if stage >= 1 else 1)),
+    )
+
+
+# --8<-- [end:states]
+
+
+# --8<-- [start:activations]
+def activation_bytes_estimate(
+    cfg: ModelConfig, *, micro_batch: int, seq_len: int, precision: str = "fp32"
+) -> int:
+    """Bytes TinyTransformer's forward saves for backward (dropout 0), counted tensor by tensor.
+
+    Per block, in elements (b = micro-batch, s = sequence, h = hidden, i = FFN width,
+    a = heads): the block input and LayerNorm 1 output (2bsh), q, k and v (3bsh, one
+    buffer), attention output (bsh) and log-sum-exp (bas), LayerNorm 2 input and output
+    (2bsh), FFN up output and GELU output (2bsi), and each LayerNorm's mean and 1/std
+    (4bs). Then the head: final LayerNorm in and out, log-softmax over the vocabulary,
+    and the int64 token ids, positions and targets.
+    """
+    b, s, h, i = micro_batch, seq_len, cfg.hidden_size, cfg.intermediate_size
+    a, vocab, layers = cfg.num_attention_heads, cfg.vocab_size, cfg.num_hidden_layers
+    act = 2 if precision == "bf16-mixed" else 4  # matmul outputs run in bf16 under autocast
+    fp32 = 4  # norm statistics, log-sum-exp and log-softmax stay in fp32
+    block = act * (8 * b * s * h + 2 * b * s * i) + fp32 * (4 * b * s + b * a * s)
+    head = act * 2 * b * s * h + fp32 * (2 * b * s + b * s * vocab)
+    ids = 8 * (2 * b * s + s)  # input ids, targets, positions (int64)
+    return layers * block + head + ids + fp32  # + the scalar loss
+
+
+# --8<-- [end:activations]
+
+
+# --8<-- [start:report]
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MemoryReport:
+    states: StateBytes
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.states.total + self.activations
+
+
+def estimate(
+    cfg: ModelConfig, *, precision: str, world_size: int, stage: int, micro_batch: int,
+    seq_len: int | None = None, shard_size: int | None = None,
+) -> MemoryReport:  # fmt: skip
+    """Model states per rank (ZeRO-sharded) plus one micro-batch's activations."""
+    seq_len = seq_len or cfg.max_position_embeddings
+    if micro_batch < 1 or not 1 <= seq_len <= cfg.max_position_embeddings:
+        raise UsageError(
+            f"micro-batch must be >= 1 and sequence length in 1..{cfg.max_position_embeddings}"
+            f", got {micro_batch} and {seq_len}"
+        )
+    states = zero_state_bytes(
+        count_parameters(cfg), stage=stage, world_size=world_size, precision=precision,
+        shard_size=shard_size,
+    )  # fmt: skip
+    acts = activation_bytes_estimate(
+        cfg, micro_batch=micro_batch, seq_len=seq_len, precision=precision
+    )
+    return MemoryReport(states=states, activations=acts)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = ArgumentParser(description="Predict bytes per rank: model states + activations.")
+    parser.add_argument("--config", default="code/config/config.json")
+    parser.add_argument("--precision", choices=list(PRECISIONS), default="fp32")
+    parser.add_argument("--world-size", type=int, default=1)
+    parser.add_argument("--stage", type=int, default=0, help="ZeRO stage 0-3")
+    parser.add_argument("--micro-batch", type=int, default=1)
+    parser.add_argument("--seq-len", type=int, default=None, help="default: the config's max")
+    parser.add_argument("--shard-size", type=int, default=None,
+                        help="hybrid sharding (HSDP): shard over groups of this many ranks")  # fmt: skip
+    args = parser.parse_args(argv)
+    cfg = load_model_config(args.config)
+    r = estimate(cfg, precision=args.precision, world_size=args.world_size, stage=args.stage,
+                 micro_batch=args.micro_batch, seq_len=args.seq_len,
+                 shard_size=args.shard_size)  # fmt: skip
+    hybrid = f" (sharded in groups of {args.shard_size})" if args.shard_size else ""
+    print(f"{count_parameters(cfg):,} parameters, {args.precision}, ZeRO-{args.stage}, "
+          f"{args.world_size} ranks{hybrid}, micro-batch {args.micro_batch}: bytes per rank")  # fmt: skip
+    rows = [("weights", r.states.params), ("gradients", r.states.grads),
+            ("optimizer states", r.states.optimizer), ("activations", r.activations),
+            ("total", r.total)]  # fmt: skip
+    for name, n in rows:
+        print(f"  {name:<17} {n:>14,} B  {human_bytes(n):>10}")
+    if cfg.dropout:
+        print(f"  (activations counted without dropout; the config's {cfg.dropout:g} adds masks)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))
+
+# --8<-- [end:report]

@@ -1,0 +1,170 @@
+# --8<-- [start:header]
+"""What ZeRO moves and holds, counted from the real calls and tensors, against the paper.
+
+Try it:  python -c "from tinyscale.data_parallel.zero_vs_ddp import demo; demo()"
+
+Rajbhandari et al. 2020 (arXiv:1910.02054) §7.2: stages 0-2 move 2Ψ per step and rank
+(an all-reduce is a reduce-scatter plus an all-gather), stage 3 moves 3Ψ (the weights
+are all-gathered twice: for forward and again for backward). Those are the large-N
+limits of the ring's exact cost, (N-1)/N of the data per pass.
+"""
+
+import collections
+import contextlib
+import copy
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from tinyscale.comm.comm_model import ring_allreduce_bytes
+from tinyscale.core.config import ModelConfig
+from tinyscale.core.errors import UsageError
+from tinyscale.core.model import TinyTransformer
+from tinyscale.data_parallel.ddp import rank_batch
+from tinyscale.data_parallel.memory_calculator import zero_state_bytes
+from tinyscale.data_parallel.zero import STAGES, ZeRO
+
+COLLECTIVES = ("all_reduce", "reduce_scatter_single", "all_gather_single", "broadcast")
+
+# --8<-- [end:header]
+
+
+# --8<-- [start:count]
+def ring_bytes_sent(op: str, nbytes: int, world: int) -> float:
+    """Bytes one rank sends for one collective on ``nbytes`` of data, with ring algorithms."""
+    if op == "all_reduce":
+        return ring_allreduce_bytes(size_bytes=nbytes, world_size=world)  # 2 (N-1)/N
+    return (world - 1) / world * nbytes  # reduce-scatter, all-gather; broadcast on average
+
+
+@contextlib.contextmanager
+def counting_collectives(log: list[tuple[str, int, int]]):
+    """Replace the four dist collectives for the duration.
+
+    Logs (name, bytes of the full N-rank buffer, ranks in the group): a subgroup's size,
+    not the world's, sets what a ring sends (HSDP runs its collectives on subgroups).
+    Positional or keyword calls alike: FSDP2 calls ``reduce_scatter_single(output=, input=)``.
+    """
+    originals = {name: getattr(dist, name) for name in COLLECTIVES}
+
+    def counted(name: str, fn):
+        def call(*args, **kwargs):
+            if name == "reduce_scatter_single":  # the input holds all N shards
+                full = args[1] if len(args) > 1 else kwargs["input"]
+            else:  # all_gather_single's output, all_reduce's and broadcast's tensor
+                full = args[0] if args else kwargs.get("output", kwargs.get("tensor"))
+            ranks = dist.get_world_size(kwargs.get("group"))
+            log.append((name, full.numel() * full.element_size(), ranks))
+            return fn(*args, **kwargs)
+
+        return call
+
+    for name, fn in originals.items():
+        setattr(dist, name, counted(name, fn))
+    try:
+        yield log
+    finally:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
+
+
+def zero_step_bytes(*, stage: int, numel: int, world: int, bytes_per_element: int = 4) -> float:
+    """§7.2's volume per rank and step, exact ring form: 2 (N-1)/N Ψ, or 3 (N-1)/N Ψ at stage 3."""
+    passes = 3 if stage == 3 else 2
+    return passes * (world - 1) / world * numel * bytes_per_element
+
+
+# --8<-- [end:count]
+
+
+# --8<-- [start:compare]
+TEST_CFG = ModelConfig(hidden_size=32, num_hidden_layers=2, intermediate_size=64,
+                       vocab_size=260, max_position_embeddings=16, dropout=0.0)  # fmt: skip
+
+
+def compare_stages(
+    *, cfg: ModelConfig = TEST_CFG, steps: int = 3, batch_size: int = 4, seq_len: int = 16,
+    lr: float = 1e-3, seed: int = 0, stages: tuple[int, ...] = STAGES,
+) -> dict[Any, Any]:  # fmt: skip
+    """On every rank: torch DDP + torch AdamW, then our ZeRO stages, from the same init and data.
+
+    Returns per stage: the largest parameter difference from the DDP baseline after
+    ``steps`` steps, the largest difference between ranks, the bytes held per component
+    after the last step, the peak model-state bytes, and the last step's collectives.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(seed + rank)  # each rank its own init: the broadcast must fix it
+    base = TinyTransformer(cfg)
+    batches = [
+        rank_batch(cfg, batch_size=batch_size, seq_len=seq_len, step=s, seed=seed)
+        for s in range(steps)
+    ]
+    ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base))
+    opt = torch.optim.AdamW(ddp.parameters(), lr=lr, weight_decay=0.01, foreach=False)
+    for x, y in batches:
+        ddp(x, y)[1].backward()
+        opt.step()
+        opt.zero_grad()
+    baseline = torch.cat([p.detach().flatten() for p in ddp.module.parameters()])
+    report: dict[Any, Any] = {"numel": baseline.numel(), "world": world}
+    for stage in stages:
+        model = copy.deepcopy(base)
+        zero = ZeRO(model, stage=stage, units=list(model.blocks), lr=lr)
+        log: list[tuple[str, int, int]] = []
+        for i, (x, y) in enumerate(batches):
+            with counting_collectives(log if i == steps - 1 else []):
+                zero(x, y)[1].backward()
+                zero.step()
+            held = zero.state_bytes()
+            zero.zero_grad()
+        full = zero.full_parameters()
+        rank0 = full.clone()
+        dist.broadcast(rank0, src=0)
+        spread = (full - rank0).abs().max()
+        dist.all_reduce(spread, op=dist.ReduceOp.MAX)
+        report[stage] = {
+            "vs_ddp": (full - baseline).abs().max().item(),
+            "rank_spread": spread.item(),
+            "held": held,
+            "peak": zero.peak_state_bytes,
+            "padded": sum(u.flat.numel() for u in zero.units),
+            "calls": collections.Counter(name for name, _, _ in log),
+            "sent": sum(ring_bytes_sent(name, n, ranks) for name, n, ranks in log),
+        }
+    return report
+
+
+# --8<-- [end:compare]
+
+
+# --8<-- [start:demo]
+def demo(world_size: int = 2) -> None:
+    """Print, per stage: parity with DDP, bytes held vs the formula, bytes sent vs the formula."""
+    from tinyscale.comm.launch import run_on_ranks  # the launcher imports torch.multiprocessing
+
+    r = run_on_ranks(compare_stages, world_size, deadline_s=300)[0]
+    psi, n = r["numel"], r["world"]
+    print(f"Ψ = {psi:,} parameters, N = {n} ranks, fp32, 3 AdamW steps; bytes per rank")
+    print("stage  |ZeRO-DDP|  params   grads  optimizer  formula   sent/step  formula")
+    for stage in STAGES:
+        s = r[stage]
+        formula = zero_state_bytes(psi, stage=stage, world_size=n, precision="fp32")
+        sent_formula = zero_step_bytes(stage=stage, numel=s["padded"], world=n)
+        p, g, o = s["held"]
+        print(
+            f"{stage:>5}  {s['vs_ddp']:9.1e}  {p:7,} {g:7,}  {o:9,}  {formula.total:8,}"
+            f"  {s['sent']:10,.0f}  {sent_formula:7,.0f}"
+        )
+
+
+def bad_world_size() -> str:
+    """One rank more than a 1-parameter unit can be cut into: the error every rank raises."""
+    try:
+        ZeRO(torch.nn.Linear(1, 1, bias=False), stage=1)
+    except UsageError as err:
+        return str(err)
+    return "no error"
+
+
+# --8<-- [end:demo]

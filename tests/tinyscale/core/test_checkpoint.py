@@ -1,0 +1,208 @@
+"""tinyscale.core.checkpoint: round trip, atomic save, and refusal of every file that is not a
+tinyscale checkpoint for this model (corrupt, foreign, another config, pickled code).
+
+describe_checkpoint's byte total is checked against numel * element_size of the tensors.
+"""
+
+import dataclasses
+import pickle
+import re
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import pytest
+import torch
+
+from tinyscale.core import checkpoint as ckpt
+from tinyscale.core.checkpoint import FORMAT, describe_checkpoint, load_checkpoint, save_checkpoint
+from tinyscale.core.config import ModelConfig
+from tinyscale.core.errors import UsageError
+from tinyscale.core.model import TinyTransformer
+
+CFG = ModelConfig(
+    hidden_size=16,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    intermediate_size=32,
+    vocab_size=260,
+    max_position_embeddings=8,
+)
+
+
+def make_state(cfg: ModelConfig = CFG, step: int = 7) -> dict[str, Any]:
+    """What the training loop saves: model, optimizer after one step, RNG, history."""
+    torch.manual_seed(0)
+    model = TinyTransformer(cfg)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, cfg.vocab_size, (2, cfg.max_position_embeddings))
+    _, loss = model(x, x)
+    assert loss is not None
+    loss.backward()
+    optimizer.step()
+    return {
+        "model_config": dataclasses.asdict(cfg),
+        "step": step,
+        "epoch": 0,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "rng_cpu": torch.get_rng_state(),
+        "history": [{"step": 1, "split": "train", "loss": 5.5}],
+    }
+
+
+def one_line_usage_error(path: Path, **kwargs: Any) -> str:
+    with pytest.raises(UsageError) as info:
+        load_checkpoint(path, **kwargs)
+    message = str(info.value)
+    assert message and "\n" not in message, f"not one line: {message!r}"
+    return message
+
+
+def test_round_trip(tmp_path: Path) -> None:
+    state = make_state()
+    path = save_checkpoint(state, tmp_path / "sub" / "step_000007.pt")
+    assert path == tmp_path / "sub" / "step_000007.pt"
+    loaded = load_checkpoint(path, expect=CFG)
+    assert loaded["format"] == FORMAT
+    assert loaded["step"] == 7 and loaded["history"] == state["history"]
+    assert loaded["model"].keys() == state["model"].keys()
+    for name, tensor in state["model"].items():
+        assert torch.equal(loaded["model"][name], tensor), name
+    assert torch.equal(loaded["rng_cpu"], state["rng_cpu"])
+    for key, value in state["optimizer"]["state"][0].items():
+        assert torch.equal(loaded["optimizer"]["state"][0][key], value), key
+    # the loaded weights drive a model to the same outputs
+    model = TinyTransformer(CFG)
+    model.load_state_dict(loaded["model"])
+    assert sorted(p.name for p in tmp_path.joinpath("sub").iterdir()) == [path.name]
+
+
+def test_save_is_atomic_when_torch_save_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = save_checkpoint(make_state(step=1), tmp_path / "latest.pt")
+    before = path.read_bytes()
+
+    def half_write(obj: object, f: BinaryIO) -> None:
+        f.write(b"PK\x03\x04 half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(ckpt.torch, "save", half_write)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(make_state(step=2), path)
+    assert path.read_bytes() == before  # the previous checkpoint is untouched
+    assert [p.name for p in tmp_path.iterdir()] == ["latest.pt"]  # and no temporary file
+    monkeypatch.undo()
+    assert load_checkpoint(path)["step"] == 1
+
+
+def test_save_is_atomic_on_keyboard_interrupt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(obj: object, f: BinaryIO) -> None:
+        f.write(b"partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ckpt.torch, "save", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(make_state(), tmp_path / "new.pt")
+    assert list(tmp_path.iterdir()) == []  # neither a half file nor a temporary one
+
+
+@pytest.mark.parametrize("keep", [0, 10, 500, -100])
+def test_truncated_or_corrupt_file(tmp_path: Path, keep: int) -> None:
+    good = save_checkpoint(make_state(), tmp_path / "good.pt").read_bytes()
+    path = tmp_path / "bad.pt"
+    path.write_bytes(good[:keep])
+    assert path.read_bytes() != good
+    message = one_line_usage_error(path)
+    assert "corrupt" in message and "--resume" in message
+
+
+def test_random_bytes_are_corrupt(tmp_path: Path) -> None:
+    path = tmp_path / "noise.pt"
+    path.write_bytes(bytes(range(256)) * 4)
+    assert "corrupt" in one_line_usage_error(path)
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [torch.zeros(3), {"model": {}, "step": 1}, {"format": "someone.else.v9"}, [1, 2]],
+    ids=["tensor", "dict-without-marker", "other-marker", "list"],
+)
+def test_valid_torch_file_without_the_format_marker(tmp_path: Path, payload: object) -> None:
+    path = tmp_path / "foreign.pt"
+    torch.save(payload, path)
+    message = one_line_usage_error(path)
+    assert "not a tinyscale checkpoint" in message and FORMAT in message
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("hidden_size", 32), ("num_hidden_layers", 3), ("vocab_size", 300), ("dropout", 0.0)],
+)
+def test_different_model_config_names_the_field(tmp_path: Path, field: str, value: object) -> None:
+    path = save_checkpoint(make_state(), tmp_path / "ckpt.pt")
+    other = dataclasses.replace(CFG, **{field: value})
+    message = one_line_usage_error(path, expect=other)
+    assert f"{field}={getattr(CFG, field)}" in message and f"{field}={value}" in message
+    assert "--config" in message
+    load_checkpoint(path)  # without expect= it loads
+
+
+LOADED: list[str] = []
+
+
+def _side_effect() -> "Payload":
+    LOADED.append("code ran")
+    return Payload()
+
+
+class Payload:
+    """An object whose unpickling would run code: weights_only must refuse it."""
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        return (_side_effect, ())
+
+
+def test_pickled_code_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "evil.pt"
+    torch.save({"format": FORMAT, "model": {}, "payload": Payload()}, path)
+    pickle.loads(pickle.dumps(Payload()))  # what the file holds runs code when unpickled...
+    assert LOADED == ["code ran"]
+    LOADED.clear()
+    message = one_line_usage_error(path)  # ...and load_checkpoint does not run it
+    assert "corrupt or not a tinyscale checkpoint" in message
+    assert LOADED == []
+
+
+def test_missing_checkpoint(tmp_path: Path) -> None:
+    message = one_line_usage_error(tmp_path / "nope.pt")
+    assert "not found" in message and "without --resume" in message
+
+
+def test_describe_checkpoint_lists_tensors_and_their_bytes(tmp_path: Path) -> None:
+    """Every model tensor is listed with its shape; the byte total is the sum of the listed
+    numel * element_size, and for fp32 AdamW it is the formula: 4 (weights) + 8 (two Adam
+    moments) bytes per parameter, the tied embedding counted once, as torch.save stores it."""
+    state = make_state()
+    path = save_checkpoint(state, tmp_path / "ckpt.pt")
+    lines = describe_checkpoint(path).splitlines()
+    assert lines[0].startswith(str(path)) and "step 7" in lines[0] and "epoch 0" in lines[0]
+    for name, tensor in state["model"].items():
+        row = next(line for line in lines if line.split()[:1] in ([name], [f"model.{name}"]))
+        assert str(tuple(tensor.shape)) in row, row
+    listed = [int(m.group(1).replace(",", "")) for m in map(_bytes_of, lines) if m]
+    *parts, total = listed
+    assert "total" in lines[-1] and _bytes_of(lines[-1])
+    assert total == sum(parts)
+    num_params = TinyTransformer(CFG).num_parameters()
+    assert total == (4 + 8) * num_params
+    unique = {t.untyped_storage().data_ptr(): t for t in state["model"].values()}
+    moments = [t for s in state["optimizer"]["state"].values() for t in s.values() if t.dim()]
+    assert total == sum(t.numel() * t.element_size() for t in [*unique.values(), *moments])
+    assert path.stat().st_size > total  # the file holds at least those bytes
+
+
+def _bytes_of(line: str) -> re.Match[str] | None:
+    return re.search(r"([\d,]+) B$", line)

@@ -1,0 +1,153 @@
+"""tinyscale.core.config: the shipped config loads, and every bad input is a one-line UsageError.
+
+Each error must name the fix (a "did you mean" for a near-miss key, a divisor for a head
+count that does not divide hidden_size, the flag to pass for a missing file).
+"""
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from conftest import ROOT
+from tinyscale.core.config import DEFAULT_CONFIG_PATH, ModelConfig, load_model_config
+from tinyscale.core.errors import UsageError
+
+SHIPPED = ROOT / "code" / "config" / "config.json"
+
+
+def write_config(tmp_path: Path, **overrides: Any) -> Path:
+    """The shipped config with some fields changed (or added), written to a temp file."""
+    raw = json.loads(SHIPPED.read_text())
+    raw.update(overrides)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    return path
+
+
+def usage_error(path: Path) -> str:
+    """Load ``path``, expect a UsageError, check it is one line, and return its message."""
+    with pytest.raises(UsageError) as info:
+        load_model_config(path)
+    message = str(info.value)
+    assert message and "\n" not in message, f"not one line: {message!r}"
+    return message
+
+
+def test_shipped_config_loads() -> None:
+    cfg = load_model_config(SHIPPED)
+    raw = json.loads(SHIPPED.read_text())
+    assert dataclasses.asdict(cfg) == raw  # every field in the file, and nothing else
+    assert cfg.head_dim * cfg.num_attention_heads == cfg.hidden_size
+    assert (ROOT / DEFAULT_CONFIG_PATH).resolve() == SHIPPED.resolve()
+
+
+def test_hidden_size_not_divisible_by_heads(tmp_path: Path) -> None:
+    message = usage_error(write_config(tmp_path, hidden_size=64, num_attention_heads=5))
+    assert "not divisible" in message and "num_attention_heads" in message
+    # the fix: head counts that do divide 64, including the nearest one to 5
+    suggested = [int(n) for n in re.findall(r"\d+", message.split("e.g.")[-1])]
+    assert suggested and all(64 % n == 0 for n in suggested) and 4 in suggested
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    message = usage_error(tmp_path / "nope.json")
+    assert "not found" in message and "--config" in message
+
+
+def test_malformed_json(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text('{"hidden_size": 64,}')
+    message = usage_error(path)
+    assert "not valid JSON" in message and "line 1" in message
+
+
+def test_json_array_instead_of_object(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text("[64, 2, 4]")
+    message = usage_error(path)
+    assert "JSON object" in message and "list" in message
+
+
+def test_unknown_key_suggests_the_near_miss(tmp_path: Path) -> None:
+    raw = json.loads(SHIPPED.read_text())
+    raw["hidden_sise"] = raw.pop("hidden_size")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    message = usage_error(path)
+    assert "'hidden_sise'" in message and "did you mean 'hidden_size'?" in message
+
+
+def test_unknown_key_far_from_any_lists_valid_keys(tmp_path: Path) -> None:
+    message = usage_error(write_config(tmp_path, colour="blue"))
+    assert "'colour'" in message
+    for field in dataclasses.fields(ModelConfig):
+        assert field.name in message
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("hidden_size", "64", "whole number"),
+        ("num_hidden_layers", True, "whole number"),
+        ("num_attention_heads", 4.0, "whole number"),
+        ("vocab_size", None, "whole number"),
+        ("dropout", "0.1", "number"),
+        ("dropout", False, "number"),
+        ("layer_norm_eps", "1e-5", "number"),
+    ],
+)
+def test_wrong_types(tmp_path: Path, field: str, value: object, expected: str) -> None:
+    message = usage_error(write_config(tmp_path, **{field: value}))
+    assert field in message and expected in message
+
+
+@pytest.mark.parametrize(
+    "field",
+    [
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "vocab_size",
+        "max_position_embeddings",
+        "layer_norm_eps",
+    ],
+)
+@pytest.mark.parametrize("value", [0, -3])
+def test_non_positive_values(tmp_path: Path, field: str, value: int) -> None:
+    message = usage_error(write_config(tmp_path, **{field: value}))
+    assert field in message and "positive" in message
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.0, 1.5])
+def test_dropout_out_of_range(tmp_path: Path, value: float) -> None:
+    message = usage_error(write_config(tmp_path, dropout=value))
+    assert "dropout" in message and "[0, 1)" in message
+
+
+def test_dropout_zero_is_allowed(tmp_path: Path) -> None:
+    assert load_model_config(write_config(tmp_path, dropout=0)).dropout == 0
+
+
+def test_vocab_smaller_than_the_byte_alphabet(tmp_path: Path) -> None:
+    message = usage_error(write_config(tmp_path, vocab_size=100))
+    assert "vocab_size" in message and "260" in message
+
+
+@pytest.mark.parametrize("literal", ["NaN", "Infinity"])
+def test_non_finite_layer_norm_eps(tmp_path: Path, literal: str) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(
+        SHIPPED.read_text().replace('"layer_norm_eps": 1e-05', f'"layer_norm_eps": {literal}')
+    )
+    assert literal in path.read_text()
+    usage_error(path)
+
+
+def test_model_config_direct_construction_checks_too() -> None:
+    with pytest.raises(UsageError, match="not divisible"):
+        ModelConfig(hidden_size=30, num_attention_heads=4)

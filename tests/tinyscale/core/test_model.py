@@ -1,0 +1,132 @@
+"""tinyscale.core.model: shapes, the untrained loss, causality, weight tying, the parameter formula.
+
+``count_parameters`` is the paper formula the course teaches; here it is compared with the
+parameters a built model really has, for several shapes.
+"""
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from tinyscale.core.config import ModelConfig
+from tinyscale.core.model import TinyTransformer, count_parameters
+
+SMALL = ModelConfig(
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    vocab_size=300,
+    max_position_embeddings=16,
+)
+
+
+def make_model(cfg: ModelConfig = SMALL, seed: int = 0) -> TinyTransformer:
+    torch.manual_seed(seed)
+    return TinyTransformer(cfg)
+
+
+def test_output_shapes() -> None:
+    model = make_model()
+    x = torch.randint(0, SMALL.vocab_size, (3, 10))
+    logits, loss = model(x)
+    assert logits.shape == (3, 10, SMALL.vocab_size)
+    assert loss is None
+    logits, loss = model(x, x)
+    assert logits.shape == (3, 10, SMALL.vocab_size)
+    assert loss is not None and loss.shape == ()
+
+
+def test_default_config_builds() -> None:
+    model = TinyTransformer()
+    assert model.cfg == ModelConfig()
+    assert model.num_parameters() == count_parameters(ModelConfig())
+
+
+@pytest.mark.parametrize("vocab_size", [300, 1024])
+def test_untrained_loss_is_about_ln_vocab(vocab_size: int) -> None:
+    cfg = ModelConfig(vocab_size=vocab_size, max_position_embeddings=32)
+    model = make_model(cfg).eval()
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randint(0, vocab_size, (8, 32), generator=generator)
+    y = torch.randint(0, vocab_size, (8, 32), generator=generator)
+    with torch.no_grad():
+        _, loss = model(x, y)
+    assert loss is not None
+    assert abs(loss.item() - math.log(vocab_size)) < 0.5
+
+
+def test_causality_future_tokens_do_not_change_past_logits() -> None:
+    model = make_model().eval()
+    T, t = SMALL.max_position_embeddings, 6
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randint(0, SMALL.vocab_size, (2, T), generator=generator)
+    changed = x.clone()
+    changed[:, t + 1 :] = torch.randint(0, SMALL.vocab_size, (2, T - t - 1), generator=generator)
+    assert not torch.equal(x[:, t + 1 :], changed[:, t + 1 :])
+    with torch.no_grad():
+        a, _ = model(x)
+        b, _ = model(changed)
+    torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1], rtol=0, atol=1e-6)
+    # and the positions after t did see the change (the test can tell the difference)
+    assert not torch.allclose(a[:, t + 1 :], b[:, t + 1 :])
+
+
+def test_weight_tying() -> None:
+    model = make_model()
+    assert model.lm_head.weight is model.tok_emb.weight
+    names = [name for name, _ in model.named_parameters()]
+    assert "lm_head.weight" not in names  # counted once
+    # a gradient through the head lands on the embedding matrix
+    _, loss = model(torch.randint(0, SMALL.vocab_size, (1, 4)), torch.zeros(1, 4, dtype=torch.long))
+    assert loss is not None
+    loss.backward()
+    assert model.tok_emb.weight.grad is not None
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        ModelConfig(),
+        ModelConfig(num_hidden_layers=1),
+        ModelConfig(num_hidden_layers=5, num_attention_heads=8),
+        ModelConfig(hidden_size=48, num_attention_heads=3, intermediate_size=100),
+        ModelConfig(hidden_size=128, num_attention_heads=2, intermediate_size=512),
+        ModelConfig(vocab_size=2000, max_position_embeddings=128, intermediate_size=7),
+    ],
+    ids=["default", "1-layer", "5-layers-8-heads", "48-wide", "128-wide", "big-vocab"],
+)
+def test_count_parameters_formula_matches_the_model(cfg: ModelConfig) -> None:
+    model = TinyTransformer(cfg)
+    by_hand = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    assert model.num_parameters() == by_hand
+    assert count_parameters(cfg) == model.num_parameters()
+
+
+def test_sequence_longer_than_max_positions_is_refused() -> None:
+    model = make_model()
+    too_long = torch.zeros(1, SMALL.max_position_embeddings + 1, dtype=torch.long)
+    with pytest.raises(ValueError, match="max_position_embeddings") as info:
+        model(too_long)
+    message = str(info.value)
+    assert "\n" not in message and "shorter" in message  # names the fix
+    model(too_long[:, :-1])  # exactly max_position_embeddings is fine
+
+
+def test_same_seed_same_init_different_seed_different_init() -> None:
+    a, b, c = make_model(seed=3), make_model(seed=3), make_model(seed=4)
+    for (name, pa), (_, pb) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert torch.equal(pa, pb), name
+    assert not torch.equal(a.tok_emb.weight, c.tok_emb.weight)
+
+
+def test_dropout_is_off_in_eval_mode() -> None:
+    model = make_model(dataclasses.replace(SMALL, dropout=0.5)).eval()
+    x = torch.randint(0, SMALL.vocab_size, (2, 8))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x)[0], model(x)[0], rtol=0, atol=0)
+    model.train()
+    with torch.no_grad():
+        assert not torch.equal(model(x)[0], model(x)[0])

@@ -1,0 +1,380 @@
+"""DDP from scratch (tinyscale.data_parallel.ddp, tinyscale.data_parallel.ddp_buckets) against torch's DDP, on gloo.
+
+One run_on_ranks launch per world size (2 and 4) runs every multi-process check and
+returns facts; the test functions assert on them:
+
+- parity: NaiveDDP, BucketedDDP and OverlappedDDP end 5 SGD steps within PARITY_TOLERANCE
+  of torch.nn.parallel.DistributedDataParallel, from per-rank random inits (so the
+  broadcast at construction matters), and every rank is bit-identical after every step;
+- collective counts, seen by wrapping dist.all_reduce itself: naive = one per trainable
+  tensor, bucketed and overlapped = one per bucket, and the buckets are those of torch's
+  own assignment rule;
+- overlap: the first bucket's all-reduce is launched while gradients are still arriving;
+- frozen and unused parameters, no_sync accumulation, and misuse (UsageError).
+"""
+
+import contextlib
+import functools
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tinyscale.comm.launch import run_on_ranks
+from tinyscale.core.config import ModelConfig
+from tinyscale.core.errors import UsageError
+from tinyscale.core.model import TinyTransformer
+from tinyscale.data_parallel.ddp import ForgetfulDDP, NaiveDDP, update_size_ratio
+from tinyscale.data_parallel.ddp_buckets import (
+    MB,
+    PARITY_TOLERANCE,
+    BucketedDDP,
+    OverlappedDDP,
+    assign_buckets,
+    compare_with_torch_ddp,
+)
+
+CFG = ModelConfig(
+    hidden_size=32,
+    num_hidden_layers=2,
+    intermediate_size=64,
+    vocab_size=260,
+    max_position_embeddings=16,
+    dropout=0.0,
+)
+CAP_MB = 0.01  # ~10 KB: the tiny model's 28 tensors (104 KB) fall into several buckets
+# no_sync accumulation vs one backward over both micro-batches: the same sums, grouped
+# differently in float32 (gradients of size ~1e-2, rounding ~1e-9).
+ACCUMULATION_TOLERANCE = 1e-7
+
+
+@contextlib.contextmanager
+def counting_all_reduce(log: list):
+    """Replace dist.all_reduce for the duration: append ("all_reduce", numel) per call."""
+    original = dist.all_reduce
+
+    def counted(tensor, *args, **kwargs):
+        log.append(("all_reduce", tensor.numel()))
+        return original(tensor, *args, **kwargs)
+
+    dist.all_reduce = counted
+    try:
+        yield
+    finally:
+        dist.all_reduce = original
+
+
+def one_step_log(model: nn.Module, batch) -> list:
+    """Collectives and gradient arrivals of one step, in order, seen from outside the class."""
+    log: list = []
+    names = {p: n for n, p in model.module.named_parameters()}
+    handles = [
+        p.register_post_accumulate_grad_hook(lambda p: log.append(("grad", names[p])))
+        for p in model.params
+    ]
+    with counting_all_reduce(log):
+        _, loss = model(*batch)
+        loss.backward()
+        model.finish_gradient_synchronization()
+    for h in handles:
+        h.remove()
+    return log
+
+
+class Branchy(nn.Module):
+    """A frozen layer, and a layer only rank 0 uses (an unused parameter elsewhere)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.frozen = nn.Linear(4, 4).requires_grad_(False)
+        self.used = nn.Linear(4, 4)
+        self.rank0_only = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.used(self.frozen(x))
+        if dist.get_rank() == 0:
+            x = self.rank0_only(x)
+        return x.square().mean()
+
+
+def multi_rank_facts(full: bool) -> dict:
+    """Everything that needs a process group, in one launch; returns facts to assert on."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    facts: dict = {"parity": compare_with_torch_ddp(cfg=CFG, bucket_cap_mb=CAP_MB)}
+
+    # collective counts and the order of events, seen from outside the classes
+    torch.manual_seed(rank)
+    from tinyscale.data_parallel.ddp import rank_batch
+
+    batch = rank_batch(CFG, batch_size=2, seq_len=8, step=0, seed=1)
+    for name, wrap in {
+        "naive": NaiveDDP,
+        "bucketed": functools.partial(BucketedDDP, bucket_cap_mb=CAP_MB),
+        "overlapped": functools.partial(OverlappedDDP, bucket_cap_mb=CAP_MB),
+    }.items():
+        model = wrap(TinyTransformer(CFG))
+        log = one_step_log(model, batch)
+        facts[name] = {
+            "log": log,
+            "trainable": len(model.params),
+            "buckets": [[id(p) for p in b.params] for b in getattr(model, "buckets", [])],
+            "bucket_bytes": [b.nbytes for b in getattr(model, "buckets", [])],
+            "order": [id(p) for p in model.params],
+            "grad_is_average": None,
+        }
+    if not full:
+        return facts
+
+    # frozen and unused parameters
+    torch.manual_seed(rank)
+    model = OverlappedDDP(Branchy(), bucket_cap_mb=CAP_MB)
+    x = torch.full((2, 4), float(rank + 1))
+    expected_rank0 = None
+    if rank == 0:  # the gradient rank 0 computes alone; the average divides it by world
+        local = Branchy()
+        local.load_state_dict(model.module.state_dict())
+        local(x).backward()
+        expected_rank0 = local.rank0_only.weight.grad / world
+    model(x).backward()
+    model.finish_gradient_synchronization()
+    bucketed = {id(p) for b in model.buckets for p in b.params}
+    facts["branchy"] = {
+        "frozen_grad_is_none": model.module.frozen.weight.grad is None,
+        "frozen_in_no_bucket": id(model.module.frozen.weight) not in bucketed,
+        "frozen_weight": model.module.frozen.weight.detach().clone(),
+        "rank0_only_grad": model.module.rank0_only.weight.grad.clone(),
+        "expected_rank0_only_grad": expected_rank0,
+        "collectives": model.num_collectives,
+        "buckets": len(model.buckets),
+    }
+
+    # no_sync: two micro-batches, one all-reduce per bucket, the same grads as one batch
+    torch.manual_seed(0)
+    base = TinyTransformer(CFG)
+    micro = [rank_batch(CFG, batch_size=2, seq_len=8, step=s, seed=2) for s in (0, 1)]
+    ours = OverlappedDDP(TinyTransformer(CFG), bucket_cap_mb=CAP_MB)
+    ours.module.load_state_dict(base.state_dict())
+    log: list = []
+    with counting_all_reduce(log):
+        with ours.no_sync():
+            ours(*micro[0])[1].backward()
+        ours(*micro[1])[1].backward()
+        ours.finish_gradient_synchronization()
+    reference = NaiveDDP(TinyTransformer(CFG))
+    reference.module.load_state_dict(base.state_dict())
+    for x, y in micro:
+        reference(x, y)[1].backward()
+    reference.finish_gradient_synchronization()
+    facts["no_sync"] = {
+        "all_reduces": len(log),
+        "buckets": len(ours.buckets),
+        "max_diff": max(
+            (a.grad - b.grad).abs().max().item()
+            for a, b in zip(ours.params, reference.params, strict=True)
+        ),
+    }
+
+    # misuse: one UsageError message per mistake
+    errors = {}
+    model = OverlappedDDP(TinyTransformer(CFG), bucket_cap_mb=CAP_MB)
+    for mistake, action in {
+        "finish before backward": model.finish_gradient_synchronization,
+        "forward twice": lambda: (model(*batch)[1].backward(), model(*batch)),
+        "all frozen": lambda: NaiveDDP(nn.Linear(2, 2).requires_grad_(False)),
+    }.items():
+        try:
+            action()
+            errors[mistake] = None
+        except UsageError as err:
+            errors[mistake] = str(err)
+    model.finish_gradient_synchronization()  # the pending step completes: no hang at exit
+    facts["errors"] = errors
+
+    # the exercise: a DDP that forgets to divide by the world size
+    facts["forgetful"] = {o: update_size_ratio(optimizer=o) for o in ("sgd", "adamw")}
+    facts["forgetful_collectives"] = ForgetfulDDP(nn.Linear(2, 2)).num_collectives
+    return facts
+
+
+@functools.cache
+def launch(world: int) -> list[dict]:
+    """One launch per world size for the whole module; world 2 also runs the extra checks."""
+    return run_on_ranks(multi_rank_facts, world, world == 2, deadline_s=240)
+
+
+@pytest.fixture(params=[2, 4], ids=["world2", "world4"])
+def facts(request) -> tuple[int, list[dict]]:
+    return request.param, launch(request.param)
+
+
+@pytest.fixture
+def world2() -> list[dict]:
+    return launch(2)
+
+
+# --- parity with torch DDP -------------------------------------------------------------
+
+
+def test_ours_matches_torch_ddp_after_5_steps(facts) -> None:
+    _, ranks = facts
+    for rank in ranks:
+        report = rank["parity"]
+        assert report["torch DDP"]["vs_torch"] == 0.0  # the reference against itself
+        for name in ("naive", "bucketed", "overlapped"):
+            assert report[name]["vs_torch"] < PARITY_TOLERANCE, name
+
+
+def test_every_rank_holds_identical_parameters_after_every_step(facts) -> None:
+    _, ranks = facts
+    for rank in ranks:
+        for name, r in rank["parity"].items():
+            assert r["rank_spread"] == 0.0, name
+
+
+# --- collective counts -----------------------------------------------------------------
+
+
+def test_naive_launches_one_all_reduce_per_trainable_tensor(facts) -> None:
+    _, ranks = facts
+    naive = ranks[0]["naive"]
+    calls = [x for x in naive["log"] if x[0] == "all_reduce"]
+    assert len(calls) == naive["trainable"] == 28  # tok_emb (tied with lm_head) counts once
+    assert ranks[0]["parity"]["naive"]["all_reduces_per_step"] == 28
+
+
+def test_bucketed_and_overlapped_launch_one_all_reduce_per_bucket(facts) -> None:
+    _, ranks = facts
+    for name in ("bucketed", "overlapped"):
+        r = ranks[0][name]
+        calls = [numel for kind, numel in r["log"] if kind == "all_reduce"]
+        assert 1 < len(calls) == len(r["buckets"]) < r["trainable"], name
+        assert [n * 4 for n in calls] == r["bucket_bytes"], "each call sends a whole bucket"
+        assert ranks[0]["parity"][name]["all_reduces_per_step"] == len(r["buckets"])
+
+
+def test_buckets_hold_every_trainable_parameter_once_in_reverse_order(facts) -> None:
+    _, ranks = facts
+    r = ranks[0]["bucketed"]
+    flat = [pid for bucket in r["buckets"] for pid in bucket]
+    assert flat == r["order"][::-1]
+    cap = int(CAP_MB * MB)
+    assert all(nbytes >= cap for nbytes in r["bucket_bytes"][:-1]), "only the last is short"
+
+
+def test_bucket_assignment_is_torchs_rule() -> None:
+    params = [p for p in TinyTransformer(CFG).parameters()][::-1]
+    for cap_mb in (0.001, 0.01, 0.05, 1.0, 25.0):
+        cap = int(cap_mb * MB)
+        ours = assign_buckets([p.numel() * p.element_size() for p in params], cap_bytes=cap)
+        torchs, _ = dist._compute_bucket_assignment_by_size(params, [cap], [False] * len(params))
+        assert ours == torchs, cap_mb
+
+
+def test_assign_buckets_by_hand() -> None:
+    assert assign_buckets([40, 4000, 400, 400_000, 20], cap_bytes=1000) == [[0, 1], [2, 3], [4]]
+    assert assign_buckets([5000], cap_bytes=1000) == [[0]], "too big: a bucket of its own"
+    assert assign_buckets([1, 2, 3], cap_bytes=10**9) == [[0, 1, 2]]
+
+
+# --- overlap -------------------------------------------------------------------------------
+
+
+def test_first_all_reduce_starts_before_backward_has_produced_every_gradient(facts) -> None:
+    _, ranks = facts
+    for rank in ranks:
+        log = rank["overlapped"]["log"]
+        kinds = [kind for kind, _ in log]
+        first_call = kinds.index("all_reduce")
+        grads_after = kinds[first_call:].count("grad")
+        assert grads_after > 0, "overlap: gradients still arrive after the first launch"
+        assert kinds.count("grad") == rank["overlapped"]["trainable"]
+    # while the non-overlapped variant communicates only after backward is done
+    kinds = [kind for kind, _ in ranks[0]["bucketed"]["log"]]
+    assert kinds.index("all_reduce") > max(i for i, k in enumerate(kinds) if k == "grad")
+
+
+def test_overlapped_timeline_launches_buckets_in_order(facts) -> None:
+    _, ranks = facts
+    timeline = ranks[0]["parity"]["overlapped"]["timeline"]
+    launched = [what for kind, what in timeline if kind == "all-reduce"]
+    assert launched == [f"bucket {i}" for i in range(len(launched))]
+    assert timeline[0][0] == "grad" and timeline[-1] == ("all-reduce", launched[-1])
+
+
+# --- frozen and unused parameters, no_sync ----------------------------------------------
+
+
+def test_frozen_parameters_are_skipped_and_unused_ones_average_zeros(world2) -> None:
+    ranks = world2
+    b = [rank["branchy"] for rank in ranks]
+    assert all(x["frozen_grad_is_none"] and x["frozen_in_no_bucket"] for x in b)
+    assert torch.equal(b[0]["frozen_weight"], b[1]["frozen_weight"]), "broadcast at init"
+    expected = b[0]["expected_rank0_only_grad"]  # rank 1 never used the layer: zeros
+    assert expected.abs().sum() > 0
+    for x in b:
+        assert torch.allclose(x["rank0_only_grad"], expected, rtol=1e-6, atol=0)
+        assert x["collectives"] == x["buckets"], "the same collectives on both ranks: no hang"
+
+
+def test_no_sync_accumulates_and_all_reduces_once(world2) -> None:
+    ranks = world2
+    for rank in ranks:
+        r = rank["no_sync"]
+        assert r["all_reduces"] == r["buckets"], "one all-reduce per bucket for two backwards"
+        assert r["max_diff"] < ACCUMULATION_TOLERANCE
+
+
+# --- mistakes --------------------------------------------------------------------------
+
+
+def test_misuse_is_a_one_line_usage_error(world2) -> None:
+    ranks = world2
+    errors = ranks[0]["errors"]
+    assert "call loss.backward()" in errors["finish before backward"]
+    assert "call finish_gradient_synchronization()" in errors["forward twice"]
+    assert "requires_grad_(True)" in errors["all frozen"]
+    assert all("\n" not in message for message in errors.values())
+
+
+@pytest.mark.parametrize("cap", [0, -1.0, math.inf, math.nan, "25"])
+def test_bucket_size_must_be_positive(cap) -> None:
+    with pytest.raises(UsageError, match=r"bucket_cap_mb must be a positive number of MB.*use e.g"):
+        BucketedDDP(nn.Linear(2, 2), bucket_cap_mb=cap)
+
+
+def test_wrapping_without_a_process_group_names_the_fix() -> None:
+    with pytest.raises(UsageError, match=r"call dist\.init_process_group first"):
+        NaiveDDP(nn.Linear(2, 2))
+
+
+# --- the exercise ------------------------------------------------------------------------
+
+
+def test_forgetting_to_average_makes_the_sgd_update_world_size_times_too_large(world2) -> None:
+    ranks = world2
+    ratios = ranks[0]["forgetful"]
+    assert ratios["sgd"] == pytest.approx(2, rel=1e-5)  # world size 2
+    # Adam divides by sqrt(v): a gradient k times larger gives (almost) the same step
+    assert ratios["adamw"] == pytest.approx(1.0, abs=1e-3)
+    assert ranks[0]["forgetful_collectives"] == 0
+
+
+# --- the benchmark runs (a smoke test: no timings are asserted) ------------------------
+
+
+def test_benchmark_measures_every_variant_side_by_side() -> None:
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_ddp.py"
+    spec = importlib.util.spec_from_file_location("bench_ddp", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["bench_ddp"] = bench  # the spawned ranks import it by this name
+    spec.loader.exec_module(bench)
+    rows = bench.rows(sweep=(1.0,), rounds=1, steps=1)
+    assert [r["kind"] for r in rows] == ["torch", "naive", "bucketed", "overlapped"]
+    assert all(r["tokens_per_s"] > 0 for r in rows)
+    assert rows[0]["vs_torch"] == 1.0
+    assert "vs torch DDP" in bench.report(rows)
