@@ -9,6 +9,7 @@ part of tinyscale; no part of tinyscale imports them.
     log_merge       workshop/lab-3.md
     k8s_check       workshop/kubernetes.md
     gpu_probe       operations/gpu-stack.md
+    gpu_compat      operations/gpu-stack.md
     allocator       operations/gpu-memory.md
     fragmentation   operations/gpu-memory.md
     nccl_env        operations/nccl-network.md
