@@ -99,22 +99,38 @@ class TinyTransformer(nn.Module):
     def forward(
         self, input_ids: torch.Tensor, targets: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Return next-token logits (B, T, vocab) and, given targets (B, T), the mean loss."""
-        B, T = input_ids.shape
+        """Return next-token logits (B, T, vocab) and, given targets (B, T), the mean loss.
+
+        Written as embed -> blocks -> head -> loss so that a pipeline stage can run a part of
+        it with the same code.
+        """
+        x = self.embed(input_ids)  # (B, T, C)
+        for block in self.blocks:
+            x = block(x)  # (B, T, C)
+        logits = self.head(x)  # (B, T, vocab)
+        loss = None if targets is None else self.loss(logits, targets)
+        return logits, loss
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token ids (B, T) -> token + position embeddings, after dropout (B, T, C)."""
+        T = input_ids.shape[1]
         if T > self.cfg.max_position_embeddings:
             raise ValueError(
                 f"sequence length {T} exceeds max_position_embeddings "
                 f"{self.cfg.max_position_embeddings}: use shorter blocks or raise it in the config"
             )
         pos = torch.arange(T, device=input_ids.device)  # (T,)
-        x = self.drop(self.tok_emb(input_ids) + self.pos_emb(pos))  # (B, T, C)
-        for block in self.blocks:
-            x = block(x)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
-        loss = None
-        if targets is not None:  # cross-entropy over every position at once
-            loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
-        return logits, loss
+        return self.drop(self.tok_emb(input_ids) + self.pos_emb(pos))  # (B, T, C)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """Hidden states (B, T, C) -> a score for every token of the vocabulary (B, T, vocab)."""
+        return self.lm_head(self.ln_f(x))
+
+    @staticmethod
+    def loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over every position at once: logits (B, T, vocab), targets (B, T)."""
+        B, T, V = logits.shape
+        return F.cross_entropy(logits.view(B * T, V), targets.view(B * T))
 
     def num_parameters(self) -> int:
         """Unique parameters (the tied embedding counts once)."""

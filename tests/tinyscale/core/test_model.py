@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tinyscale.core.config import ModelConfig
 from tinyscale.core.model import TinyTransformer, count_parameters
@@ -130,3 +131,41 @@ def test_dropout_is_off_in_eval_mode() -> None:
     model.train()
     with torch.no_grad():
         assert not torch.equal(model(x)[0], model(x)[0])
+
+
+def reference_forward(
+    model: TinyTransformer, input_ids: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The forward pass as one function, op for op as it was before embed/head/loss existed."""
+    B, T = input_ids.shape
+    pos = torch.arange(T)
+    x = model.drop(model.tok_emb(input_ids) + model.pos_emb(pos))
+    for block in model.blocks:
+        x = block(x)
+    logits = model.lm_head(model.ln_f(x))
+    loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
+    return logits, loss
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["eval", "train-with-dropout"])
+def test_forward_is_bit_identical_to_the_reference(training: bool) -> None:
+    """The recorded Lab 1 numbers depend on it: same ops, same order, same dropout draws."""
+    model = make_model().train(training)
+    generator = torch.Generator().manual_seed(7)
+    x = torch.randint(0, SMALL.vocab_size, (3, 12), generator=generator)
+    y = torch.randint(0, SMALL.vocab_size, (3, 12), generator=generator)
+    results = []
+    for forward in (model.forward, lambda x, y: reference_forward(model, x, y)):
+        torch.manual_seed(11)  # the same dropout masks for both
+        model.zero_grad()
+        logits, loss = forward(x, y)
+        assert loss is not None
+        loss.backward()
+        results.append((logits, loss, [p.grad.clone() for p in model.parameters()]))
+    (logits, loss, grads), (ref_logits, ref_loss, ref_grads) = results
+    assert torch.equal(logits, ref_logits) and torch.equal(loss, ref_loss)
+    for grad, ref_grad in zip(grads, ref_grads, strict=True):
+        assert torch.equal(grad, ref_grad)
+    if training:  # and the comparison can tell: other dropout masks give other logits
+        torch.manual_seed(12)
+        assert not torch.equal(model(x)[0], logits)
