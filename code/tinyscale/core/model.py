@@ -86,7 +86,10 @@ class TinyTransformer(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.num_hidden_layers))
         self.ln_f = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.lm_head.weight = self.tok_emb.weight  # weight tying: one matrix, used twice
+        if cfg.tie_word_embeddings:  # weight tying: one matrix, used twice
+            # A pipeline (Week 3) puts tok_emb on the first stage and lm_head on the last, so a
+            # tied matrix lives on two ranks whose gradients must be summed; untied, each owns one.
+            self.lm_head.weight = self.tok_emb.weight
         self.apply(self._init_weights)
 
     @staticmethod
@@ -133,7 +136,7 @@ class TinyTransformer(nn.Module):
         return F.cross_entropy(logits.view(B * T, V), targets.view(B * T))
 
     def num_parameters(self) -> int:
-        """Unique parameters (the tied embedding counts once)."""
+        """Unique parameters (a tied embedding counts once)."""
         return sum(p.numel() for p in self.parameters())
 
 
@@ -144,7 +147,9 @@ class TinyTransformer(nn.Module):
 def count_parameters(cfg: ModelConfig) -> int:
     """The parameter count, on paper: what ``TinyTransformer(cfg).num_parameters()`` returns."""
     h, i, L = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers
-    embeddings = cfg.vocab_size * h + cfg.max_position_embeddings * h  # lm_head is tied
+    embeddings = cfg.vocab_size * h + cfg.max_position_embeddings * h
+    if not cfg.tie_word_embeddings:
+        embeddings += cfg.vocab_size * h  # lm_head's own matrix (tied, it reuses tok_emb's)
     attention = (h * 3 * h + 3 * h) + (h * h + h)  # qkv and output projection, with biases
     ffn = (h * i + i) + (i * h + h)
     norms = 2 * (2 * h)  # two LayerNorms per block, each a weight and a bias

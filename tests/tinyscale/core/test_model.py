@@ -87,6 +87,22 @@ def test_weight_tying() -> None:
     assert model.tok_emb.weight.grad is not None
 
 
+def test_untied_head_has_its_own_weight() -> None:
+    untied = dataclasses.replace(SMALL, tie_word_embeddings=False)
+    model = make_model(untied)
+    assert model.lm_head.weight is not model.tok_emb.weight
+    assert "lm_head.weight" in dict(model.named_parameters())
+    h, V = SMALL.hidden_size, SMALL.vocab_size
+    assert model.num_parameters() == make_model().num_parameters() + V * h
+    # initialised like the others (normal, std 0.02), not with nn.Linear's default (std ~0.1)
+    assert abs(model.lm_head.weight.std().item() - 0.02) < 0.002
+    _, loss = model(torch.randint(0, V, (1, 4)), torch.zeros(1, 4, dtype=torch.long))
+    assert loss is not None
+    loss.backward()
+    assert model.lm_head.weight.grad is not None and model.tok_emb.weight.grad is not None
+    assert not torch.equal(model.lm_head.weight.grad, model.tok_emb.weight.grad)
+
+
 @pytest.mark.parametrize(
     "cfg",
     [
@@ -99,7 +115,9 @@ def test_weight_tying() -> None:
     ],
     ids=["default", "1-layer", "5-layers-8-heads", "48-wide", "128-wide", "big-vocab"],
 )
-def test_count_parameters_formula_matches_the_model(cfg: ModelConfig) -> None:
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_count_parameters_formula_matches_the_model(cfg: ModelConfig, tie: bool) -> None:
+    cfg = dataclasses.replace(cfg, tie_word_embeddings=tie)
     model = TinyTransformer(cfg)
     by_hand = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
     assert model.num_parameters() == by_hand
