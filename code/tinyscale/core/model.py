@@ -7,11 +7,14 @@ with bigger numbers in ``code/config/config.json``.
 Try it:  python -c "from tinyscale.core.model import TinyTransformer; print(TinyTransformer())"
 """
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from tinyscale.core.config import ModelConfig
+from tinyscale.core.errors import UsageError
 
 
 class CausalSelfAttention(nn.Module):
@@ -104,8 +107,8 @@ class TinyTransformer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Return next-token logits (B, T, vocab) and, given targets (B, T), the mean loss.
 
-        Written as embed -> blocks -> head -> loss so that a pipeline stage can run a part of
-        it with the same code.
+        Written as embed -> blocks -> head -> loss so that a pipeline stage (``ModelStage``)
+        can run a part of it with the same code.
         """
         x = self.embed(input_ids)  # (B, T, C)
         for block in self.blocks:
@@ -157,3 +160,84 @@ def count_parameters(cfg: ModelConfig) -> int:
 
 
 # --8<-- [end:count]
+
+
+# --8<-- [start:stages]
+class ModelStage(nn.Module):
+    """A contiguous part of a TinyTransformer: a pipeline stage (Week 3).
+
+    It holds references to the parent's modules, not copies: its parameters are the
+    parent's ``Parameter`` objects, under the parent's names (``blocks.2.attn.qkv.weight``),
+    so a gradient computed through a stage lands in the parent. The first stage embeds
+    token ids, the last one scores the vocabulary; the loss is ``TinyTransformer.loss``.
+    """
+
+    embed = TinyTransformer.embed  # the model's own code, run on the same modules
+    head = TinyTransformer.head
+
+    def __init__(
+        self, model: TinyTransformer, *, layers: range, first: bool = False, last: bool = False
+    ) -> None:
+        super().__init__()
+        L = model.cfg.num_hidden_layers
+        if not layers:
+            raise UsageError(f"stage layers {layers} is empty: give every stage at least one block")
+        if layers.step != 1:
+            raise UsageError(f"stage layers {layers} skips blocks: use a range with step 1")
+        if layers.start < 0 or layers.stop > L:
+            raise UsageError(
+                f"stage layers {layers} is outside the model's blocks: stay within range(0, {L})"
+            )
+        self.cfg, self.layers, self.first, self.last = model.cfg, layers, first, last
+        if first:
+            self.tok_emb, self.pos_emb, self.drop = model.tok_emb, model.pos_emb, model.drop
+        self.blocks = nn.ModuleDict({str(i): model.blocks[i] for i in layers})  # parent's names
+        if last:
+            self.ln_f, self.lm_head = model.ln_f, model.lm_head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids (B, T) into the first stage, activations (B, T, C) into the others.
+
+        Returns the activations (B, T, C) for the next stage, or on the last the logits.
+        """
+        if self.first != (x.dim() == 2 and not x.is_floating_point()):
+            wanted = "token ids (B, T)" if self.first else "the previous stage's output (B, T, C)"
+            raise UsageError(
+                f"stage with blocks {self.layers} takes {wanted}, got {x.dtype} {tuple(x.shape)}: "
+                "run the stages in order, the first on input_ids"
+            )
+        if self.first:
+            x = self.embed(x)  # (B, T, C)
+        for block in self.blocks.values():
+            x = block(x)  # (B, T, C)
+        return self.head(x) if self.last else x  # (B, T, vocab) on the last stage
+
+
+def cut_into_stages(model: TinyTransformer, layers: Sequence[range]) -> list[ModelStage]:
+    """Cut ``model`` into pipeline stages, stage s running the blocks ``layers[s]``.
+
+    The ranges must cover the blocks in order, each once: ``[range(0, 2), range(2, 4)]``.
+    Tied embeddings put one ``Parameter`` on the first and the last stage (see
+    ``tie_word_embeddings``).
+    """
+    if not layers:
+        raise UsageError("no stages: pass one range of blocks per stage, e.g. [range(0, 2)]")
+    stages = [
+        ModelStage(model, layers=run, first=s == 0, last=s == len(layers) - 1)
+        for s, run in enumerate(layers)
+    ]
+    stop = 0  # where the stages so far end
+    for s, run in enumerate(layers):
+        if run.start != stop:
+            problem = "overlaps the stage before" if run.start < stop else "leaves a gap"
+            raise UsageError(f"stage {s} ({run}) {problem}: start it at block {stop}")
+        stop = run.stop
+    if stop != model.cfg.num_hidden_layers:
+        raise UsageError(
+            f"the stages end at block {stop} but the model has {model.cfg.num_hidden_layers}: "
+            f"end the last stage at {model.cfg.num_hidden_layers}"
+        )
+    return stages
+
+
+# --8<-- [end:stages]

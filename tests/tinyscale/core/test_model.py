@@ -1,4 +1,5 @@
-"""tinyscale.core.model: shapes, the untrained loss, causality, weight tying, the parameter formula.
+"""tinyscale.core.model: shapes, the untrained loss, causality, weight tying, the parameter formula,
+and the cuts Weeks 3-4 make (pipeline stages).
 
 ``count_parameters`` is the paper formula the course teaches; here it is compared with the
 parameters a built model really has, for several shapes.
@@ -6,13 +7,15 @@ parameters a built model really has, for several shapes.
 
 import dataclasses
 import math
+from collections import Counter
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from tinyscale.core.config import ModelConfig
-from tinyscale.core.model import TinyTransformer, count_parameters
+from tinyscale.core.errors import UsageError
+from tinyscale.core.model import ModelStage, TinyTransformer, count_parameters, cut_into_stages
 
 SMALL = ModelConfig(
     hidden_size=32,
@@ -187,3 +190,97 @@ def test_forward_is_bit_identical_to_the_reference(training: bool) -> None:
     if training:  # and the comparison can tell: other dropout masks give other logits
         torch.manual_seed(12)
         assert not torch.equal(model(x)[0], logits)
+
+
+# --- pipeline stages -------------------------------------------------------------------
+
+DEEP = dataclasses.replace(SMALL, num_hidden_layers=4)  # dropout 0.1: the tests run with it on
+CUTS = {
+    "1-way": [range(0, 4)],
+    "2-way": [range(0, 2), range(2, 4)],
+    "3-way": [range(0, 1), range(1, 3), range(3, 4)],
+    "4-way": [range(0, 1), range(1, 2), range(2, 3), range(3, 4)],
+}
+
+
+def run_stages(stages: list[ModelStage], input_ids: torch.Tensor) -> torch.Tensor:
+    """What a pipeline does for one micro-batch, in one process: each stage feeds the next."""
+    x = input_ids
+    for stage in stages:
+        x = stage(x)
+    return x
+
+
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+@pytest.mark.parametrize("cut", CUTS.values(), ids=CUTS.keys())
+def test_chained_stages_equal_the_model(cut: list[range], tie: bool) -> None:
+    """Same logits, loss and gradients, bit for bit, in train mode (same dropout draws)."""
+    model = make_model(dataclasses.replace(DEEP, tie_word_embeddings=tie))
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randint(0, DEEP.vocab_size, (3, 12), generator=generator)
+    y = torch.randint(0, DEEP.vocab_size, (3, 12), generator=generator)
+    torch.manual_seed(3)
+    logits, loss = model(x, y)
+    assert loss is not None
+    loss.backward()
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+
+    stages = cut_into_stages(model, cut)
+    torch.manual_seed(3)
+    stage_logits = run_stages(stages, x)
+    stage_loss = TinyTransformer.loss(stage_logits, y)
+    stage_loss.backward()
+    assert torch.equal(stage_logits, logits) and torch.equal(stage_loss, loss)
+    for name, p in model.named_parameters():  # the gradients landed in the parent
+        assert p.grad is not None and torch.equal(p.grad, grads[name]), name
+
+
+@pytest.mark.parametrize("tie", [True, False], ids=["tied", "untied"])
+def test_stages_hold_the_parents_parameters_not_copies(tie: bool) -> None:
+    model = make_model(dataclasses.replace(DEEP, tie_word_embeddings=tie))
+    stages = cut_into_stages(model, CUTS["3-way"])
+    for stage in stages:
+        for name, p in stage.named_parameters():  # the same object, under the parent's name
+            assert p is model.get_parameter(name), name
+    keys = [set(stage.state_dict()) for stage in stages]
+    assert set().union(*keys) == set(model.state_dict())
+    assert "blocks.2.attn.qkv.weight" in keys[1]
+    on_stages = Counter(id(p) for stage in stages for p in stage.parameters())
+    assert set(on_stages) == {id(p) for p in model.parameters()}  # every parameter somewhere
+    shared = [pid for pid, count in on_stages.items() if count > 1]
+    # tied, one matrix sits on the first and the last stage; untied, every stage owns its own
+    assert shared == ([id(model.tok_emb.weight)] if tie else [])
+
+
+@pytest.mark.parametrize(
+    ("layers", "expected"),
+    [
+        ([], "no stages"),
+        ([range(0, 2), range(2, 2), range(2, 4)], "is empty"),
+        ([range(0, 3), range(2, 4)], "overlaps the stage before: start it at block 3"),
+        ([range(0, 1), range(2, 4)], "leaves a gap: start it at block 1"),
+        ([range(1, 4)], "start it at block 0"),
+        ([range(0, 2), range(2, 5)], "stay within range(0, 4)"),
+        ([range(-1, 2), range(2, 4)], "stay within range(0, 4)"),
+        ([range(0, 2)], "end the last stage at 4"),
+        ([range(0, 4, 2)], "step 1"),
+    ],
+    ids=["none", "empty", "overlap", "gap", "no-first", "past-end", "negative", "short", "step"],
+)
+def test_a_bad_cut_is_a_one_line_usage_error(layers: list[range], expected: str) -> None:
+    with pytest.raises(UsageError) as info:
+        cut_into_stages(make_model(DEEP), layers)
+    message = str(info.value)
+    assert "\n" not in message and expected in message, message
+
+
+def test_a_stage_refuses_the_wrong_input() -> None:
+    model = make_model(DEEP)
+    first, second = cut_into_stages(model, CUTS["2-way"])
+    ids = torch.randint(0, DEEP.vocab_size, (2, 8))
+    with pytest.raises(UsageError, match=r"takes token ids \(B, T\).*the first on input_ids"):
+        first(torch.randn(2, 8, DEEP.hidden_size))
+    with pytest.raises(UsageError, match=r"range\(2, 4\) takes the previous stage's output"):
+        second(ids)  # a stage that does not embed has no input of its own
+    assert second(first(ids)).shape == (2, 8, DEEP.vocab_size)  # in order, it runs
