@@ -241,3 +241,32 @@ def cut_into_stages(model: TinyTransformer, layers: Sequence[range]) -> list[Mod
 
 
 # --8<-- [end:stages]
+
+
+# --8<-- [start:heads]
+def head_channels(cfg: ModelConfig, heads: range) -> torch.Tensor:
+    """The channels of ``heads`` in a (B, T, C) activation: head n owns n*hs .. (n+1)*hs - 1.
+
+    These are also the columns of ``attn.proj.weight`` that read those heads' output.
+    """
+    if not heads or min(heads) < 0 or max(heads) >= cfg.num_attention_heads:
+        raise UsageError(
+            f"heads {heads} is not a non-empty part of the model's heads: "
+            f"pick them from range(0, {cfg.num_attention_heads})"
+        )
+    hs = cfg.head_dim
+    return torch.cat([torch.arange(n * hs, (n + 1) * hs) for n in heads])
+
+
+def qkv_rows(cfg: ModelConfig, heads: range) -> torch.Tensor:
+    """The rows of ``attn.qkv.weight`` (and entries of its bias) that compute q, k, v of ``heads``.
+
+    The fused weight stacks [q of all heads | k | v], each ``hidden_size`` rows, so one
+    head's rows come in three pieces, ``hidden_size`` apart. Tensor parallelism (Week 4)
+    gives each rank some heads: their rows of ``qkv`` and their columns of ``proj``.
+    """
+    channels = head_channels(cfg, heads)
+    return torch.cat([part * cfg.hidden_size + channels for part in range(3)])  # q, k, v
+
+
+# --8<-- [end:heads]

@@ -1,5 +1,5 @@
 """tinyscale.core.model: shapes, the untrained loss, causality, weight tying, the parameter formula,
-and the cuts Weeks 3-4 make (pipeline stages).
+and the cuts Weeks 3-4 make (pipeline stages, attention heads split across ranks).
 
 ``count_parameters`` is the paper formula the course teaches; here it is compared with the
 parameters a built model really has, for several shapes.
@@ -15,7 +15,15 @@ import torch.nn.functional as F
 
 from tinyscale.core.config import ModelConfig
 from tinyscale.core.errors import UsageError
-from tinyscale.core.model import ModelStage, TinyTransformer, count_parameters, cut_into_stages
+from tinyscale.core.model import (
+    CausalSelfAttention,
+    ModelStage,
+    TinyTransformer,
+    count_parameters,
+    cut_into_stages,
+    head_channels,
+    qkv_rows,
+)
 
 SMALL = ModelConfig(
     hidden_size=32,
@@ -284,3 +292,99 @@ def test_a_stage_refuses_the_wrong_input() -> None:
     with pytest.raises(UsageError, match=r"range\(2, 4\) takes the previous stage's output"):
         second(ids)  # a stage that does not embed has no input of its own
     assert second(first(ids)).shape == (2, 8, DEEP.vocab_size)  # in order, it runs
+
+
+# --- attention split by head (tensor parallelism, in one process) ----------------------
+
+
+def test_qkv_rows_of_one_head() -> None:
+    cfg = ModelConfig(hidden_size=8, num_attention_heads=2)  # head_dim 4
+    assert head_channels(cfg, range(1, 2)).tolist() == [4, 5, 6, 7]
+    # q, k and v of head 1: three pieces, hidden_size apart
+    assert qkv_rows(cfg, range(1, 2)).tolist() == [4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23]
+
+
+@pytest.mark.parametrize("t", [1, 2, 4])
+def test_qkv_rows_of_the_parts_cover_every_row_once(t: int) -> None:
+    cfg = SMALL  # 4 heads
+    per_rank = cfg.num_attention_heads // t
+    parts = [range(r * per_rank, (r + 1) * per_rank) for r in range(t)]
+    rows = torch.cat([qkv_rows(cfg, heads) for heads in parts])
+    assert sorted(rows.tolist()) == list(range(3 * cfg.hidden_size))
+    assert all(len(qkv_rows(cfg, heads)) == 3 * cfg.hidden_size // t for heads in parts)
+
+
+@pytest.mark.parametrize("heads", [range(0), range(-1, 2), range(3, 5)])
+def test_heads_outside_the_model_are_refused(heads: range) -> None:
+    with pytest.raises(UsageError, match=r"pick them from range\(0, 4\)") as info:
+        qkv_rows(SMALL, heads)
+    assert "\n" not in str(info.value)
+
+
+def partial_attention(
+    attn: CausalSelfAttention,
+    cfg: ModelConfig,
+    x: torch.Tensor,
+    *,
+    rows: torch.Tensor,
+    channels: torch.Tensor,
+) -> torch.Tensor:
+    """What one tensor-parallel rank computes: attention from its rows of qkv, projected by its
+    columns of proj, without proj's bias (added once, after the sum over ranks)."""
+    B, T, _ = x.shape
+    c = len(channels)  # this rank's channels: its heads x head_dim
+    qkv = F.linear(x, attn.qkv.weight[rows], attn.qkv.bias[rows])  # (B, T, 3c)
+    q, k, v = (
+        t.view(B, T, c // cfg.head_dim, cfg.head_dim).transpose(1, 2)  # (B, nh_rank, T, hs)
+        for t in qkv.split(c, dim=2)
+    )
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, nh_rank, T, hs)
+    y = y.transpose(1, 2).reshape(B, T, c)  # (B, T, c)
+    return F.linear(y, attn.proj.weight[:, channels])  # (B, T, C): a partial sum
+
+
+def attention_with_big_weights(cfg: ModelConfig) -> CausalSelfAttention:
+    """Weights of size ~1/sqrt(C), not 0.02, so that the outputs are O(1) and 1e-6 means much."""
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(cfg).eval()
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.copy_(torch.randn_like(p) / cfg.hidden_size**0.5)
+    return attn
+
+
+def split_attention(
+    cfg: ModelConfig, *, t: int, naive: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The full attention output and the sum over t ranks that each hold num_heads / t heads:
+    with qkv_rows, or (naive) with t contiguous pieces of qkv's rows."""
+    attn = attention_with_big_weights(cfg)
+    x = torch.randn(2, 10, cfg.hidden_size, generator=torch.Generator().manual_seed(1))
+    per_rank, piece = cfg.num_attention_heads // t, 3 * cfg.hidden_size // t
+    with torch.no_grad():
+        split = attn.proj.bias.clone()  # (C,): once, not once per rank
+        for r in range(t):
+            heads = range(r * per_rank, (r + 1) * per_rank)
+            rows = torch.arange(r * piece, (r + 1) * piece) if naive else qkv_rows(cfg, heads)
+            channels = head_channels(cfg, heads)
+            split = split + partial_attention(attn, cfg, x, rows=rows, channels=channels)
+        return attn(x), split
+
+
+@pytest.mark.parametrize("num_heads", [4, 8])
+@pytest.mark.parametrize("t", [2, 4])
+def test_heads_split_across_ranks_sum_to_the_full_attention(t: int, num_heads: int) -> None:
+    """Tolerance: 1e-6 absolute + 1e-6 relative on outputs of size ~1 (up to ~4), a few float32
+    ulps: the parts are summed in another order. Measured here: at most 4.8e-7."""
+    cfg = dataclasses.replace(SMALL, num_attention_heads=num_heads, dropout=0.0)
+    full, split = split_attention(cfg, t=t)
+    assert full.abs().mean() > 0.1  # outputs of size ~1: the tolerance is a strict one
+    torch.testing.assert_close(split, full, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("t", [2, 4])
+def test_a_contiguous_split_of_qkv_rows_is_wrong(t: int) -> None:
+    """Why qkv_rows exists: rows 0..C-1 are q of every head, so with t = 2 rank 0 would get all
+    of q and half of k, and rank 1 the other half of k and all of v."""
+    full, split = split_attention(dataclasses.replace(SMALL, dropout=0.0), t=t, naive=True)
+    assert (split - full).abs().max() > 0.1
