@@ -27,10 +27,15 @@ class ModelConfig:
     max_position_embeddings: int = 64  # longest sequence the model accepts (the block size)
     dropout: float = 0.1
     layer_norm_eps: float = 1e-5
+    tie_word_embeddings: bool = True  # lm_head reuses tok_emb's matrix (see TinyTransformer)
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
+            if field.type is bool:
+                if not isinstance(value, bool):
+                    raise UsageError(f"{field.name} must be true or false, got {value!r}")
+                continue
             if field.type is int and (isinstance(value, bool) or not isinstance(value, int)):
                 raise UsageError(f"{field.name} must be a whole number, got {value!r}")
             if field.type is float and (

@@ -40,7 +40,8 @@ def usage_error(path: Path) -> str:
 def test_shipped_config_loads() -> None:
     cfg = load_model_config(SHIPPED)
     raw = json.loads(SHIPPED.read_text())
-    assert dataclasses.asdict(cfg) == raw  # every field in the file, and nothing else
+    # every field in the file; the one it leaves out keeps its default (today's tied model)
+    assert dataclasses.asdict(cfg) == raw | {"tie_word_embeddings": True}
     assert cfg.head_dim * cfg.num_attention_heads == cfg.hidden_size
     assert (ROOT / DEFAULT_CONFIG_PATH).resolve() == SHIPPED.resolve()
 
@@ -98,6 +99,9 @@ def test_unknown_key_far_from_any_lists_valid_keys(tmp_path: Path) -> None:
         ("dropout", "0.1", "number"),
         ("dropout", False, "number"),
         ("layer_norm_eps", "1e-5", "number"),
+        ("tie_word_embeddings", 1, "true or false"),
+        ("tie_word_embeddings", "false", "true or false"),
+        ("tie_word_embeddings", None, "true or false"),
     ],
 )
 def test_wrong_types(tmp_path: Path, field: str, value: object, expected: str) -> None:
@@ -151,3 +155,15 @@ def test_non_finite_layer_norm_eps(tmp_path: Path, literal: str) -> None:
 def test_model_config_direct_construction_checks_too() -> None:
     with pytest.raises(UsageError, match="not divisible"):
         ModelConfig(hidden_size=30, num_attention_heads=4)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_tie_word_embeddings_is_read_from_json(tmp_path: Path, tie: bool) -> None:
+    path = write_config(tmp_path, tie_word_embeddings=tie)
+    assert f'"tie_word_embeddings": {str(tie).lower()}' in path.read_text()  # a JSON boolean
+    assert load_model_config(path).tie_word_embeddings is tie
+
+
+def test_tie_word_embeddings_near_miss(tmp_path: Path) -> None:
+    message = usage_error(write_config(tmp_path, tie_word_embedding=False))
+    assert "did you mean 'tie_word_embeddings'?" in message
