@@ -21,22 +21,14 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # spawned ranks import this file
 
 from tinyscale.comm.launch import run_on_ranks
-from tinyscale.core.config import ModelConfig
+from tinyscale.core.config import preset
 from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel.ddp import NaiveDDP, rank_batch
 from tinyscale.data_parallel.ddp_buckets import BucketedDDP, OverlappedDDP
 
 # Big enough that gradients (4.2 M parameters, 16 MB) take real time to all-reduce,
 # small enough that a step takes ~0.1 s on one core.
-CFG = ModelConfig(
-    hidden_size=256,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    intermediate_size=1024,
-    vocab_size=4096,
-    max_position_embeddings=64,
-    dropout=0.0,
-)
+CFG = preset("bench")
 BATCH, SEQ, WORLD = 4, 32, 2
 ROUNDS, STEPS, WARMUP = 15, 2, 1
 SWEEP_MB = (0.01, 0.1, 1.0, 5.0, 25.0)

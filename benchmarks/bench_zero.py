@@ -20,15 +20,13 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # spawned ranks import this file
 
 from tinyscale.comm.launch import run_on_ranks
-from tinyscale.core.config import ModelConfig
+from tinyscale.core.config import preset
 from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel.ddp import rank_batch
 from tinyscale.data_parallel.zero import STAGES, ZeRO
 from tinyscale.data_parallel.zero_vs_ddp import counting_collectives, ring_bytes_sent
 
-CFG = ModelConfig(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
-                  intermediate_size=1024, vocab_size=4096, max_position_embeddings=64,
-                  dropout=0.0)  # fmt: skip
+CFG = preset("bench")
 BATCH, SEQ, WORLD = 4, 32, 2
 ROUNDS, STEPS, WARMUP = 7, 2, 1
 

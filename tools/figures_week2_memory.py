@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from tinyscale.comm.launch import run_on_ranks
-from tinyscale.core.config import ModelConfig
+from tinyscale.core.config import preset
 from tinyscale.data_parallel.memory_calculator import zero_state_bytes
 from tinyscale.data_parallel.zero_vs_ddp import compare_stages
 
@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "generated" / "week2"
 # Six blocks and a small vocabulary: the blocks hold most parameters, as in a real LLM,
 # so sharding them one at a time is what decides stage 3's peak.
-FIG_CFG = ModelConfig(hidden_size=64, num_hidden_layers=6, intermediate_size=256,
-                      vocab_size=260, max_position_embeddings=32, dropout=0.0)  # fmt: skip
+FIG_CFG = preset("tiny", hidden_size=64, num_hidden_layers=6, intermediate_size=256,
+                 max_position_embeddings=32)  # fmt: skip
 WORLDS = (1, 2, 4)
 
 

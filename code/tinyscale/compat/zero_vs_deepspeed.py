@@ -24,11 +24,12 @@ import torch.distributed as dist
 
 from tinyscale.compat.deepspeed_config import DS_CONFIG_DIR, load_ds_config, skip_unused_shm_build
 from tinyscale.compat.deepspeed_costs import TRAFFIC, TrafficCounter, engine_state_bytes
+from tinyscale.core.config import preset
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel.ddp import rank_batch
 from tinyscale.data_parallel.zero import ZeRO
-from tinyscale.data_parallel.zero_vs_ddp import TEST_CFG, counting_collectives
+from tinyscale.data_parallel.zero_vs_ddp import counting_collectives
 
 STAGES = (1, 2, 3)
 BATCH, SEQ, LR, WEIGHT_DECAY = 4, 16, 1e-3, 0.01
@@ -126,9 +127,10 @@ def compare(steps: int = 3, seed: int = 0, threshold: int = 100) -> dict[Any, An
     """On every rank: for each stage, ours and DeepSpeed's from the same init and batches;
     then DeepSpeed's ZeRO-3 once more with weights of <= ``threshold`` elements kept whole."""
     torch.manual_seed(seed + dist.get_rank())  # a different init per rank: both must broadcast
-    base = TinyTransformer(TEST_CFG)
+    base = TinyTransformer(preset("tiny"))
     batches = [
-        rank_batch(TEST_CFG, batch_size=BATCH, seq_len=SEQ, step=s, seed=seed) for s in range(steps)
+        rank_batch(preset("tiny"), batch_size=BATCH, seq_len=SEQ, step=s, seed=seed)
+        for s in range(steps)
     ]
     report: dict[Any, Any] = {"psi": sum(p.numel() for p in base.parameters())}
     with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed prints to stdout; keep it clean

@@ -63,7 +63,8 @@ def load_checkpoint(path: str | Path, *, expect: ModelConfig | None = None) -> d
             "pass a runs/<name>/checkpoints/step_*.pt file written by the course scripts"
         )
     if expect is not None:
-        saved = state["model_config"]
+        # a field added to ModelConfig after the save has its default in the old file
+        saved = {**dataclasses.asdict(ModelConfig()), **state["model_config"]}
         for key, value in dataclasses.asdict(expect).items():
             if saved.get(key) != value:
                 raise UsageError(

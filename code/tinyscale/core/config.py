@@ -13,6 +13,7 @@ from pathlib import Path
 from tinyscale.core.errors import UsageError
 
 DEFAULT_CONFIG_PATH = Path("code/config/config.json")
+REPO_ROOT = Path(__file__).resolve().parents[3]  # code/tinyscale/core/config.py -> the repo
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -72,10 +73,61 @@ def _divisors_near(n: int, k: int) -> str:
 # --8<-- [end:model_config]
 
 
+# --8<-- [start:presets]
+# Named shapes: a test, a benchmark or a lesson that means "the tiny model" says so instead
+# of writing its numbers again. "lab" is code/config/config.json, the model the labs train.
+PRESETS: dict[str, ModelConfig] = {
+    # 170 k parameters: Lab 1 trains it for two epochs in under a minute on a laptop
+    "lab": ModelConfig(),
+    # 26 k parameters, no dropout: parity tests of N ranks against one, seconds each
+    "tiny": ModelConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        vocab_size=260,
+        max_position_embeddings=16,
+        dropout=0.0,
+    ),
+    # 6.5 k parameters: checkpoint demos, whose files are small enough to read byte by byte
+    "micro": ModelConfig(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        vocab_size=260,
+        max_position_embeddings=8,
+    ),
+    # 4.2 M parameters: benchmarks, where the matmuls, not Python, should take the time
+    "bench": ModelConfig(
+        hidden_size=256, num_hidden_layers=4, intermediate_size=1024, vocab_size=4096, dropout=0.0
+    ),
+}
+
+
+def preset(name: str, **changes: object) -> ModelConfig:
+    """A named shape, with any field changed: ``preset("tiny", num_hidden_layers=6)``."""
+    if name not in PRESETS:
+        raise UsageError(f"unknown model preset {name!r}: use one of {', '.join(PRESETS)}")
+    return dataclasses.replace(PRESETS[name], **changes)
+
+
+# --8<-- [end:presets]
+
+
 # --8<-- [start:load_model_config]
+def find_file(path: str | Path) -> Path:
+    """``path`` as given; if it is relative and not found from here, from the repository root.
+
+    So the default code/config/config.json is found when a lab is started from any folder.
+    """
+    path = Path(path)
+    if not path.exists() and not path.is_absolute() and (REPO_ROOT / path).exists():
+        return REPO_ROOT / path
+    return path
+
+
 def read_json_object(path: str | Path, *, missing: str, invalid_fix: str) -> dict:
     """A JSON file that must hold an object {...}; `missing` and `invalid_fix` name the fix."""
-    path = Path(path)
+    path = find_file(path)
     if not path.is_file():
         raise UsageError(missing)
     try:
@@ -96,7 +148,7 @@ def load_model_config(path: str | Path = DEFAULT_CONFIG_PATH) -> ModelConfig:
     raw = read_json_object(
         path,
         missing=f"config file {path} not found: pass --config with the path of a JSON file "
-        f"like {DEFAULT_CONFIG_PATH} (run from the repository root)",
+        f"like {DEFAULT_CONFIG_PATH}",
         invalid_fix="fix the syntax, e.g. remove a trailing comma",
     )
     known = [f.name for f in dataclasses.fields(ModelConfig)]

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tinyscale.core.config import ModelConfig
+from tinyscale.core.config import ModelConfig, preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel.ddp import NaiveDDP, flat_params, rank_batch, rank_spread
@@ -253,8 +253,7 @@ def compare_with_torch_ddp(
     order that may depend on where it sits in the buffer, and our buckets are laid out
     differently from torch's: results may differ in the last bits (PARITY_TOLERANCE).
     """
-    cfg = cfg or ModelConfig(hidden_size=32, num_hidden_layers=2, intermediate_size=64,
-                             vocab_size=260, max_position_embeddings=16, dropout=0.0)  # fmt: skip
+    cfg = cfg or preset("tiny")
     device = torch.device("cpu")
     if dist.get_backend() == "nccl":  # one GPU per rank
         device = torch.device("cuda", dist.get_rank() % torch.cuda.device_count())

@@ -24,13 +24,14 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError, run_cli
 from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel.ddp import rank_batch
 from tinyscale.data_parallel.memory_calculator import check_shard_size
 from tinyscale.data_parallel.sharded_checkpoint import load_dcp, save_dcp
 from tinyscale.data_parallel.zero import ZeRO
-from tinyscale.data_parallel.zero_vs_ddp import TEST_CFG, counting_collectives, ring_bytes_sent
+from tinyscale.data_parallel.zero_vs_ddp import counting_collectives, ring_bytes_sent
 
 # --8<-- [end:header]
 
@@ -130,9 +131,10 @@ def compare_with_zero3(
     """
     world = dist.get_world_size()
     torch.manual_seed(seed)  # the same model on every rank: fully_shard needs it
-    base = TinyTransformer(TEST_CFG)
+    base = TinyTransformer(preset("tiny"))
     data = [
-        rank_batch(TEST_CFG, batch_size=4, seq_len=16, step=s, seed=seed) for s in range(steps + 1)
+        rank_batch(preset("tiny"), batch_size=4, seq_len=16, step=s, seed=seed)
+        for s in range(steps + 1)
     ]
     batches, extra = data[:steps], data[steps]
 

@@ -24,7 +24,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor, init_device_mesh
 
 from tinyscale.core.checkpoint import load_checkpoint, save_checkpoint
-from tinyscale.core.config import ModelConfig
+from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import TinyTransformer
 
@@ -234,14 +234,6 @@ def full_tensors(state: dict[str, Any]) -> dict[str, torch.Tensor]:
 
 
 # --8<-- [start:demo_model]
-DEMO_CONFIG = ModelConfig(
-    hidden_size=16,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    intermediate_size=32,
-    vocab_size=260,
-    max_position_embeddings=8,
-)
 SHARDED = ("tok_emb.weight", "blocks.0.attn.qkv.weight", "blocks.0.ffn.up.weight")
 
 
@@ -249,7 +241,7 @@ def demo_params(seed: int = 0, device: str | torch.device = "cpu") -> dict[str, 
     """The tiny model's parameters, the same on every rank for the same seed; the tied
     lm_head.weight is the embedding and is listed once (named_parameters skips it)."""
     torch.manual_seed(seed)
-    model = TinyTransformer(DEMO_CONFIG).to(device)
+    model = TinyTransformer(preset("micro")).to(device)
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
@@ -270,7 +262,7 @@ def ranked_worker(ckpt_dir: str, step: int, crash: bool = False, device_type: st
     """Train one step, save a ranked checkpoint, draw the next random number as evidence."""
     rank, device = dist.get_rank(), use_device(device_type)
     torch.manual_seed(0)  # the same initial weights on every rank, as DDP has
-    model = TinyTransformer(DEMO_CONFIG).to(device)
+    model = TinyTransformer(preset("micro")).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.arange(16, device=device).view(2, 8)  # one batch for all: the replicas stay equal
     model(x, x)[1].backward()
@@ -292,7 +284,7 @@ def resume_worker(ckpt_dir: str, device_type: str = "cpu") -> str:
     directory = latest_complete(ckpt_dir)
     if directory is None:
         raise UsageError(f"no complete checkpoint in {ckpt_dir}: train first")
-    model = TinyTransformer(DEMO_CONFIG).to(device)
+    model = TinyTransformer(preset("micro")).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     state = load_ranked(directory, rank=rank, world_size=world)
     at = restore_rank_state(state, model, optimizer)["position"]

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from tinyscale.comm.comm_model import ring_allreduce_bytes
-from tinyscale.core.config import ModelConfig
+from tinyscale.core.config import ModelConfig, preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel.ddp import rank_batch
@@ -79,12 +79,10 @@ def zero_step_bytes(*, stage: int, numel: int, world: int, bytes_per_element: in
 
 
 # --8<-- [start:compare]
-TEST_CFG = ModelConfig(hidden_size=32, num_hidden_layers=2, intermediate_size=64,
-                       vocab_size=260, max_position_embeddings=16, dropout=0.0)  # fmt: skip
 
 
 def compare_stages(
-    *, cfg: ModelConfig = TEST_CFG, steps: int = 3, batch_size: int = 4, seq_len: int = 16,
+    *, cfg: ModelConfig | None = None, steps: int = 3, batch_size: int = 4, seq_len: int = 16,
     lr: float = 1e-3, seed: int = 0, stages: tuple[int, ...] = STAGES,
 ) -> dict[Any, Any]:  # fmt: skip
     """On every rank: torch DDP + torch AdamW, then our ZeRO stages, from the same init and data.
@@ -93,6 +91,7 @@ def compare_stages(
     ``steps`` steps, the largest difference between ranks, the bytes held per component
     after the last step, the peak model-state bytes, and the last step's collectives.
     """
+    cfg = cfg or preset("tiny")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(seed + rank)  # each rank its own init: the broadcast must fix it
     base = TinyTransformer(cfg)

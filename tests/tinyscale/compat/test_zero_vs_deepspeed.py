@@ -15,13 +15,13 @@ import pytest
 from conftest import recorded_output
 from tinyscale.compat.deepspeed_costs import TRAFFIC_TOLERANCE, zero_traffic
 from tinyscale.compat.zero_vs_deepspeed import STAGES, main
+from tinyscale.core.config import preset
 from tinyscale.core.errors import run_cli
 from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel.memory_calculator import zero_state_bytes
-from tinyscale.data_parallel.zero_vs_ddp import TEST_CFG
 
 PARAM_TOLERANCE = 1e-5  # N > 2: the ZeRO lesson's (the order of an N-term sum); N = 2: exact
-SIZES = [p.numel() for p in TinyTransformer(TEST_CFG).parameters()]
+SIZES = [p.numel() for p in TinyTransformer(preset("tiny")).parameters()]
 PSI = sum(SIZES)
 
 

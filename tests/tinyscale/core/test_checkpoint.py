@@ -15,18 +15,11 @@ import torch
 
 from tinyscale.core import checkpoint as ckpt
 from tinyscale.core.checkpoint import FORMAT, describe_checkpoint, load_checkpoint, save_checkpoint
-from tinyscale.core.config import ModelConfig
+from tinyscale.core.config import ModelConfig, preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import TinyTransformer
 
-CFG = ModelConfig(
-    hidden_size=16,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    intermediate_size=32,
-    vocab_size=260,
-    max_position_embeddings=8,
-)
+CFG = preset("micro")
 
 
 def make_state(cfg: ModelConfig = CFG, step: int = 7) -> dict[str, Any]:

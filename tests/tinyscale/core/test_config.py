@@ -13,8 +13,15 @@ from typing import Any
 import pytest
 
 from conftest import ROOT
-from tinyscale.core.config import DEFAULT_CONFIG_PATH, ModelConfig, load_model_config
+from tinyscale.core.config import (
+    DEFAULT_CONFIG_PATH,
+    PRESETS,
+    ModelConfig,
+    load_model_config,
+    preset,
+)
 from tinyscale.core.errors import UsageError
+from tinyscale.core.model import TinyTransformer
 
 SHIPPED = ROOT / "code" / "config" / "config.json"
 
@@ -167,3 +174,24 @@ def test_tie_word_embeddings_is_read_from_json(tmp_path: Path, tie: bool) -> Non
 def test_tie_word_embeddings_near_miss(tmp_path: Path) -> None:
     message = usage_error(write_config(tmp_path, tie_word_embedding=False))
     assert "did you mean 'tie_word_embeddings'?" in message
+
+
+def test_the_lab_preset_is_the_shipped_config() -> None:
+    assert preset("lab") == load_model_config(ROOT / "code" / "config" / "config.json")
+
+
+def test_presets_build_and_take_changes() -> None:
+    for name in PRESETS:
+        TinyTransformer(preset(name))  # every preset is a valid model
+    assert preset("tiny", num_hidden_layers=6).num_hidden_layers == 6
+    assert PRESETS["tiny"].num_hidden_layers == 2  # the named shape itself is unchanged
+    with pytest.raises(UsageError) as info:
+        preset("huge")
+    assert "\n" not in str(info.value) and "tiny" in str(info.value)
+
+
+def test_the_default_config_is_found_from_any_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no code/config/config.json below here
+    assert load_model_config() == preset("lab")

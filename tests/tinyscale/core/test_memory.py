@@ -6,7 +6,7 @@ human-readable byte formatting.
 import pytest
 import torch
 
-from tinyscale.core.config import ModelConfig
+from tinyscale.core.config import preset
 from tinyscale.core.memory import (
     RECIPES,
     StateBytes,
@@ -17,14 +17,7 @@ from tinyscale.core.memory import (
 )
 from tinyscale.core.model import TinyTransformer
 
-CFG = ModelConfig(
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
-    vocab_size=300,
-    max_position_embeddings=16,
-)
+CFG = preset("tiny", dropout=0.1)  # with dropout: its masks are saved activations too
 
 
 def test_measured_state_bytes_equal_the_fp32_formula() -> None:

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tinyscale.core.config import ModelConfig
+from tinyscale.core.config import ModelConfig, preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import (
     CausalSelfAttention,
@@ -25,14 +25,7 @@ from tinyscale.core.model import (
     qkv_rows,
 )
 
-SMALL = ModelConfig(
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
-    vocab_size=300,
-    max_position_embeddings=16,
-)
+SMALL = preset("tiny", vocab_size=300, dropout=0.1)  # with dropout, and not a power of two
 
 
 def make_model(cfg: ModelConfig = SMALL, seed: int = 0) -> TinyTransformer:

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from tinyscale.core.config import ModelConfig
+from tinyscale.core.config import preset
 from tinyscale.core.data import TokenBlocks
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import TinyTransformer
@@ -23,14 +23,7 @@ from tinyscale.core.training import (
     select_device,
 )
 
-CFG = ModelConfig(
-    hidden_size=16,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    intermediate_size=32,
-    vocab_size=260,
-    max_position_embeddings=8,
-)
+CFG = preset("micro", num_hidden_layers=2)
 
 
 def test_select_device_cpu_and_auto() -> None:

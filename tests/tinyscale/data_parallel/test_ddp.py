@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tinyscale.comm.launch import run_on_ranks
-from tinyscale.core.config import ModelConfig
+from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel.ddp import ForgetfulDDP, NaiveDDP, update_size_ratio
@@ -39,14 +39,7 @@ from tinyscale.data_parallel.ddp_buckets import (
     compare_with_torch_ddp,
 )
 
-CFG = ModelConfig(
-    hidden_size=32,
-    num_hidden_layers=2,
-    intermediate_size=64,
-    vocab_size=260,
-    max_position_embeddings=16,
-    dropout=0.0,
-)
+CFG = preset("tiny")
 CAP_MB = 0.01  # ~10 KB: the tiny model's 28 tensors (104 KB) fall into several buckets
 # no_sync accumulation vs one backward over both micro-batches: the same sums, grouped
 # differently in float32 (gradients of size ~1e-2, rounding ~1e-9).

@@ -9,14 +9,12 @@ gradient accumulation.
   (tolerance 1e-6 absolute: the same sums in a different order).
 """
 
-import dataclasses
-
 import pytest
 import torch
 
 from tinyscale.comm.dist import DistEnv
 from tinyscale.core.accumulation import accumulate_gradients
-from tinyscale.core.config import ModelConfig
+from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel.ddp_training import (
@@ -97,9 +95,7 @@ def test_more_processes_than_samples_is_refused() -> None:
 
 
 def test_accumulated_micro_batches_equal_one_big_batch() -> None:
-    cfg = dataclasses.replace(
-        ModelConfig(), dropout=0.0, vocab_size=260, max_position_embeddings=16
-    )
+    cfg = preset("lab", dropout=0.0, vocab_size=260, max_position_embeddings=16)
     torch.manual_seed(0)
     x = torch.randint(0, cfg.vocab_size, (16, 16))  # (B, T)
     y = torch.randint(0, cfg.vocab_size, (16, 16))

@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from conftest import recorded_output
+from tinyscale.core.config import preset
 from tinyscale.core.errors import run_cli
 from tinyscale.core.model import count_parameters
 from tinyscale.data_parallel.fsdp import check_shard_size, local_bytes, main
-from tinyscale.data_parallel.zero_vs_ddp import TEST_CFG
 
 PARITY_TOLERANCE = 1e-5  # fp32, as for our ZeRO against DDP
 BF16_LOSS_STEP = 2**-5  # one bf16 step at losses in [4, 8): 8 bits of mantissa
@@ -57,7 +57,7 @@ HSDP = "python -m tinyscale.data_parallel.fsdp --world-size 4 --shard-size 2"
 
 def test_recorded_runs_use_the_zero_lessons_model() -> None:
     for command in (FP32, BF16, HSDP):
-        assert facts(command)["psi"] == count_parameters(TEST_CFG) == 25_984
+        assert facts(command)["psi"] == count_parameters(preset("tiny")) == 25_984
 
 
 @pytest.mark.parametrize("command", [FP32, HSDP])

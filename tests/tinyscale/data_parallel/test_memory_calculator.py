@@ -11,7 +11,7 @@ import importlib.util
 import pytest
 import torch
 
-from tinyscale.core.config import ModelConfig
+from tinyscale.core.config import ModelConfig, preset
 from tinyscale.core.errors import UsageError, run_cli
 from tinyscale.core.memory import activation_bytes
 from tinyscale.core.model import TinyTransformer, count_parameters
@@ -22,8 +22,7 @@ from tinyscale.data_parallel.memory_calculator import (
     zero_state_bytes,
 )
 
-SMALL = ModelConfig(hidden_size=32, num_hidden_layers=3, intermediate_size=64,
-                    vocab_size=260, max_position_embeddings=16, dropout=0.0)  # fmt: skip
+SMALL = preset("tiny", num_hidden_layers=3)
 CONFIGS = [
     (ModelConfig(dropout=0.0), 4, 64),
     (SMALL, 2, 16),

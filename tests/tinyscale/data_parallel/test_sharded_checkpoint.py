@@ -17,6 +17,7 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 
 from tinyscale.comm.launch import RankFailed, run_on_ranks
+from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel import sharded_checkpoint as sc
@@ -69,7 +70,7 @@ def test_ranked_file_holds_this_ranks_state(ranked: dict[str, Any]) -> None:
     torch.set_num_threads(1)  # as the workers: other thread counts sum in another order
     try:
         torch.manual_seed(0)
-        model = TinyTransformer(sc.DEMO_CONFIG)
+        model = TinyTransformer(preset("micro"))
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         x = torch.arange(16).view(2, 8)
         model(x, x)[1].backward()
