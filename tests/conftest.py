@@ -1,15 +1,14 @@
-"""Shared fixtures. Tests mirror code/: tests/tinyscale, tests/scripts, tests/docs."""
+"""Fixtures every test may use. Tests mirror code/: tests/tinyscale/<topic>, tests/scripts,
+tests/docs; shared helpers are in helpers.py, each topic's fixtures in its own conftest.py."""
 
-import importlib.util
 import os
 import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT, load_script
+
 os.environ.setdefault("TINYSCALE_CACHE", str(ROOT / ".cache" / "tinyscale"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Session C's page starts the course's SLURM cluster (make cluster-up, state in build/slurm)
@@ -26,29 +25,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             capture_output=True,
             timeout=120,
         )
-
-
-def load_script(name: str) -> ModuleType:
-    """Import code/scripts/<name>.py as a module (code/scripts is not a package)."""
-    path = ROOT / "code" / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"tinyscale_scripts.{name}", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def recorded_output(page: str, after: str) -> list[str]:
-    """The lines, unindented, of the first ```text block after ``after`` in docs/<page>.
-
-    That block is the output the page records for the command before it; CI runs the
-    command and compares, so tests may check the recorded numbers against the formulas.
-    """
-    text = (ROOT / "docs" / page).read_text()
-    text = text[text.index(after) :]
-    start = text.index("```text\n") + len("```text\n")
-    return [line.strip() for line in text[start : text.index("```", start)].splitlines()]
 
 
 @pytest.fixture(scope="session")

@@ -119,7 +119,7 @@ def memory() -> None:
     dest.mkdir(parents=True, exist_ok=True)
     sizes = {"GPT-2 small\n124M": 124e6, "1.3B": 1.3e9, "7B": 7e9, "13B": 13e9, "70B": 70e9}
     gib = 2**30
-    states = [model_state_bytes(n, "mixed") for n in sizes.values()]
+    states = [model_state_bytes(n, "bf16") for n in sizes.values()]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
     x = range(len(sizes))
     bottom = [0.0] * len(sizes)

@@ -11,7 +11,6 @@ the script refuses that launch with a one-line error that names the command abov
 """
 
 import argparse
-import dataclasses
 import hashlib
 import logging
 import os
@@ -28,51 +27,33 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from tinyscale.comm.dist import fresh_logger
-from tinyscale.core.checkpoint import save_checkpoint
-from tinyscale.core.config import DEFAULT_CONFIG_PATH, load_model_config
+from tinyscale.core.checkpoint import save_checkpoint, training_state
+from tinyscale.core.cli import add_flags, from_args
+from tinyscale.core.config import load_model_config
 from tinyscale.core.data import build_datasets
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.metrics import MetricsLogger
 from tinyscale.core.model import TinyTransformer
-from tinyscale.core.training import TrainConfig, evaluate, lr_at, make_optimizer, progress_line
+from tinyscale.core.precision import ACCELERATE_NAMES
+from tinyscale.core.training import TrainConfig, log_heldout, lr_at, make_optimizer, plan_steps
 
-PRECISIONS = ("no", "bf16", "fp16")
 LAUNCH = "accelerate launch --multi_gpu --num_processes 2 code/scripts/accelerate_train.py --cpu"
+# Lab 1's flags and defaults; the precision, unless given, is what the launcher was told
+DEFAULTS = TrainConfig(output_dir="runs/accelerate", log_dir="logs/accelerate", precision=None)
+FLAGS = ("config", "corpus", "epochs", "global_batch_size", "grad_accum_steps", "lr",
+         "warmup_steps", "min_lr_ratio", "weight_decay", "grad_clip", "seed", "precision",
+         "eval_every", "checkpoint_every", "max_steps", "output_dir", "log_dir", "progress")  # fmt: skip
 # --8<-- [end:setup]
 
 
 # --8<-- [start:args]
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    defaults = TrainConfig(output_dir="runs/accelerate")
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=str(DEFAULT_CONFIG_PATH), help="model config JSON")
-    p.add_argument("--epochs", type=int, default=defaults.epochs)
-    p.add_argument(
-        "--global-batch-size",
-        type=int,
-        default=defaults.batch_size,
-        help="blocks per optimizer step, all processes together (Lab 1's --batch-size)",
-    )
-    p.add_argument(
-        "--grad-accum-steps", type=int, default=1, help="micro-batches per optimizer step"
-    )
-    p.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate")
-    p.add_argument("--seed", type=int, default=defaults.seed)
-    p.add_argument("--max-steps", type=int, default=None, help="stop early, as if interrupted")
-    p.add_argument("--eval-every", type=int, default=defaults.eval_every, help="steps")
-    p.add_argument("--checkpoint-every", type=int, default=defaults.checkpoint_every, help="steps")
-    p.add_argument(
-        "--mixed-precision",
-        choices=PRECISIONS,
-        default=None,
-        help="default: what `accelerate launch --mixed_precision` says, else no",
-    )
+    add_flags(p, DEFAULTS, FLAGS,
+              notes={"precision": "default: what `accelerate launch --mixed_precision` says"})  # fmt: skip
     p.add_argument(
         "--cpu", action="store_true", help="CPU processes over gloo, even if there are GPUs"
     )
-    p.add_argument("--output-dir", default=defaults.output_dir)
-    p.add_argument("--log-dir", default="logs/accelerate", help="<log-dir>/rank_<N>/train.log")
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     return p.parse_args(argv)
 
 
@@ -106,7 +87,7 @@ def check_accelerator(
     if accelerator.mixed_precision == "fp16" and accelerator.device.type == "cpu":
         raise UsageError(
             "fp16 autocast needs a GPU (on CPU Accelerate would silently train in fp32): "
-            "use --mixed-precision bf16 or no"
+            "use --precision bf16 or fp32"
         )
     per_step = accelerator.num_processes * accum
     if global_batch % per_step:
@@ -177,45 +158,32 @@ def param_digest(model: torch.nn.Module) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     # Check every flag before the process group exists and before anything is written.
-    for flag in ("global_batch_size", "grad_accum_steps"):
-        if getattr(args, flag) <= 0:
-            name = flag.replace("_", "-")
-            raise UsageError(f"--{name} must be positive, got {getattr(args, flag)}")
-    model_cfg = load_model_config(args.config)
-    cfg = TrainConfig(
-        epochs=args.epochs,
-        batch_size=args.global_batch_size,  # the global batch: the schedule is Lab 1's
-        lr=args.lr,
-        seed=args.seed,
-        eval_every=args.eval_every,
-        checkpoint_every=args.checkpoint_every,
-        max_steps=args.max_steps,
-        output_dir=args.output_dir,
-        progress=False if args.no_progress else None,
-    )
+    cfg = from_args(DEFAULTS, args)
+    model_cfg = load_model_config(cfg.config)
     check_launch(os.environ)
+    if args.cpu:  # Accelerate imports DeepSpeed, when installed: tell it too, or it warns
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
     accelerator = Accelerator(
         cpu=args.cpu,  # gloo between CPU processes; without it, one process per GPU over nccl
-        mixed_precision=args.mixed_precision,  # None: the launcher's --mixed_precision
-        gradient_accumulation_steps=args.grad_accum_steps,
+        # our precision names in Accelerate's words (fp32 is "no"); None: the launcher's
+        mixed_precision=ACCELERATE_NAMES.get(cfg.precision),
+        gradient_accumulation_steps=cfg.grad_accum_steps,
         # shuffle with a generator seeded (seed + epoch) on every process: Lab 1's order
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True, data_seed=cfg.seed),
     )
     micro = check_accelerator(
-        accelerator, os.environ, global_batch=cfg.batch_size, accum=args.grad_accum_steps
+        accelerator, os.environ, global_batch=cfg.global_batch_size, accum=cfg.grad_accum_steps
     )
     set_seed(cfg.seed)  # the same initial weights on every process, and the same as Lab 1's
     with accelerator.main_process_first():  # rank 0 trains and caches the tokenizer first
         data = build_datasets(
-            vocab_size=model_cfg.vocab_size, block_size=model_cfg.max_position_embeddings
+            corpus=cfg.corpus,
+            vocab_size=model_cfg.vocab_size,
+            block_size=model_cfg.max_position_embeddings,
         )
-    steps_per_epoch = len(data.train) // cfg.batch_size
-    if steps_per_epoch == 0:
-        raise UsageError(
-            f"--global-batch-size {cfg.batch_size} exceeds the {len(data.train)} training "
-            "blocks: lower it"
-        )
+    batches_per_epoch = len(data.train) // cfg.global_batch_size
+    plan = plan_steps(batches_per_epoch, cfg, samples=len(data.train))  # Lab 1's plan
     model = TinyTransformer(model_cfg)
     optimizer = make_optimizer(model, cfg)
     loader = DataLoader(data.train, batch_size=micro, shuffle=True, drop_last=True)
@@ -225,11 +193,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # --8<-- [end:main_setup]
 
     # --8<-- [start:helpers]
-    log = process_logger(accelerator, args.log_dir)
+    log = process_logger(accelerator, cfg.log_dir)
     out = Path(cfg.output_dir)
     metrics = MetricsLogger(out) if accelerator.is_main_process else None
-    total_steps = cfg.epochs * steps_per_epoch
-    stop_at = min(total_steps, cfg.max_steps or total_steps)
     step = 0
     world = f"{accelerator.num_processes} process" + "es" * (accelerator.num_processes > 1)
     log.info(
@@ -238,8 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"mixed precision {accelerator.mixed_precision}"
     )
     log.info(
-        f"{micro} blocks per micro-batch x {args.grad_accum_steps} accumulation step(s) x "
-        f"{world} = {cfg.batch_size} blocks per optimizer step | {steps_per_epoch} steps per epoch"
+        f"{micro} blocks per micro-batch x {cfg.grad_accum_steps} accumulation step(s) x {world}"
+        f" = {cfg.global_batch_size} blocks per optimizer step | {plan.steps_per_epoch} steps"
+        " per epoch"
     )
     log.debug(
         f"process {accelerator.process_index} of {accelerator.num_processes} "
@@ -251,64 +218,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = out / "checkpoints" / f"step_{step:06d}.pt"
         if accelerator.is_main_process:  # one writer: every process holds the same weights
             metrics.flush()
-            save_checkpoint(
-                {
-                    "model_config": dataclasses.asdict(model_cfg),
-                    "train_config": dataclasses.asdict(cfg),
-                    "step": step,
-                    "epoch": step // steps_per_epoch,
-                    "model": accelerator.unwrap_model(model).state_dict(),  # no "module." prefix
-                    "optimizer": optimizer.state_dict(),
-                    "rng_cpu": torch.get_rng_state(),
-                    "rng_device": None,
-                    "history": metrics.records,
-                    "num_processes": accelerator.num_processes,
-                },
-                path,
-            )
+            state = training_state(
+                model=accelerator.unwrap_model(model),  # no "module." prefix
+                optimizer=optimizer, cfg=cfg, step=step, epoch=step // plan.steps_per_epoch,
+                device=accelerator.device, history=metrics.records,
+                num_processes=accelerator.num_processes,
+            )  # fmt: skip
+            save_checkpoint(state, path)
         accelerator.wait_for_everyone()  # nobody reads it, or exits, before it exists
         return path
 
-    def log_heldout(tokens_per_second: float | None = None) -> None:
+    def show_heldout(tokens_per_second: float | None = None) -> None:
         if not accelerator.is_main_process:  # the others wait for it in the next all-reduce
             return
-        scores = evaluate(
-            accelerator.unwrap_model(model),
-            data.heldout,
-            batch_size=cfg.batch_size,
-            device=accelerator.device,
-        )
-        metrics.log(step, "heldout", **scores)
-        log.info(
-            progress_line(
-                step,
-                total_steps,
-                steps_per_epoch,
-                metrics.records,
-                cfg.eval_every,
-                scores,
-                tokens_per_second,
-            )
-        )
+        line = log_heldout(
+            accelerator.unwrap_model(model), data, metrics, step=step, plan=plan, cfg=cfg,
+            device=accelerator.device, tokens_per_second=tokens_per_second,
+        )  # fmt: skip
+        log.info(line)
 
     # --8<-- [end:helpers]
 
     # --8<-- [start:loop]
-    log_heldout()
-    tokens_per_step = cfg.batch_size * data.train.block_size
+    show_heldout()
+    tokens_per_step = cfg.global_batch_size * data.train.block_size
     hide_bar = None if cfg.progress is None else not cfg.progress  # None: tqdm decides (tty)
-    bar = tqdm(total=stop_at, desc="training", unit="step", leave=False, disable=hide_bar)
+    bar = tqdm(total=plan.stop_at, desc="training", unit="step", leave=False, disable=hide_bar)
     bar.disable = bar.disable or not accelerator.is_local_main_process  # one bar per machine
     start, trained_seconds, final = time.perf_counter(), 0.0, None
     model.train()
-    while step < stop_at:
-        epoch = step // steps_per_epoch
+    while step < plan.stop_at:
+        epoch = step // plan.steps_per_epoch
         loader.set_epoch(epoch)  # a fresh shuffle per epoch, as DistributedSampler.set_epoch
         seen: list[torch.Tensor] = []  # this process's micro-batches of the current step
         step_loss = torch.zeros((), device=accelerator.device)
         t0 = time.perf_counter()
         for x, y in loader:  # x, y: (micro, T), already on accelerator.device
-            lr = lr_at(step, cfg, total_steps)
+            lr = lr_at(step, cfg, plan.total_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             with accelerator.accumulate(model):  # no_sync() except on the last micro-batch
@@ -319,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 optimizer.step()  # a no-op until the last micro-batch of the step
                 optimizer.zero_grad(set_to_none=True)
             seen.append(x)
-            step_loss += loss.detach() / args.grad_accum_steps
+            step_loss += loss.detach() / cfg.grad_accum_steps
             if not accelerator.sync_gradients:
                 continue
             step += 1
@@ -344,12 +290,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             bar.update()
             bar.set_postfix(loss=f"{global_loss:.3f}")
-            if step % cfg.eval_every == 0 or step == total_steps:
-                log_heldout(step * tokens_per_step / trained_seconds)
-            if step % cfg.checkpoint_every == 0 or step == stop_at:
+            if step % cfg.eval_every == 0 or step == plan.total_steps:
+                show_heldout(step * tokens_per_step / trained_seconds)
+            if step % cfg.checkpoint_every == 0 or step == plan.stop_at:
                 final = checkpoint()
             seen, step_loss, t0 = [], torch.zeros_like(step_loss), time.perf_counter()  # next step
-            if step == stop_at or step % steps_per_epoch == 0:
+            if step == plan.stop_at or step % plan.steps_per_epoch == 0:
                 break  # the last partial global batch of the epoch is dropped, as in Lab 1
     bar.close()
     # --8<-- [end:loop]

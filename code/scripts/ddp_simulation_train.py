@@ -29,44 +29,46 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tinyscale.comm.dist import DistEnv, device_for, dist_env, distributed, rank_logger
 from tinyscale.core.accumulation import accumulate_gradients
-from tinyscale.core.checkpoint import load_checkpoint
-from tinyscale.core.config import DEFAULT_CONFIG_PATH, ModelConfig, load_model_config
-from tinyscale.core.data import LMData, build_datasets
+from tinyscale.core.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    restore_training_state,
+    training_state,
+)
+from tinyscale.core.cli import add_flags, from_args
+from tinyscale.core.config import ModelConfig, load_model_config
+from tinyscale.core.data import LMData, build_datasets, get_batch
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.model import TinyTransformer
-from tinyscale.core.precision import PRECISIONS, autocast_context, make_scaler
-from tinyscale.core.training import TrainConfig, get_batch, lr_at, make_optimizer, seed_everything
+from tinyscale.core.precision import autocast_context, make_scaler
+from tinyscale.core.training import (
+    TrainConfig,
+    lr_at,
+    make_optimizer,
+    seed_everything,
+)
 from tinyscale.data_parallel.ddp_training import (
-    BatchPlan,
+    BatchSplit,
     evaluate_sharded,
-    latest_checkpoint,
     make_sampler,
     rank_batches,
+    rank_step_plan,
     ranks_in_sync,
-    restore_rng,
-    save_ranked_checkpoint,
-    steps_and_total,
+    save_replicated,
     tokens_per_second,
 )
+
+# Lab 1's flags, with Lab 2's defaults; the flags of the failure drills are Lab 2's own
+DEFAULTS = TrainConfig(epochs=1, global_batch_size=32, checkpoint_every=50, output_dir="runs/ddp")
+FLAGS = ("config", "corpus", "epochs", "global_batch_size", "grad_accum_steps", "lr",
+         "warmup_steps", "min_lr_ratio", "weight_decay", "grad_clip", "seed", "precision",
+         "device", "log_every", "checkpoint_every", "max_steps", "resume", "output_dir",
+         "log_dir", "timeout_s")  # fmt: skip
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=str(DEFAULT_CONFIG_PATH), help="model config JSON")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--global-batch-size", type=int, default=32, help="samples per step, all ranks")
-    p.add_argument("--grad-accum-steps", type=int, default=1, help="micro-batches per step")
-    p.add_argument("--lr", type=float, default=TrainConfig.lr, help="peak learning rate")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-steps", type=int, default=None, help="stop early, as if interrupted")
-    p.add_argument("--checkpoint-every", type=int, default=50, help="steps")
-    p.add_argument("--log-every", type=int, default=10, help="steps between log lines")
-    p.add_argument("--output-dir", default="runs/ddp", help="checkpoints and summary.json")
-    p.add_argument("--log-dir", default="logs", help="one train.log per rank under rank_<N>/")
-    p.add_argument("--resume", default=None, help="a checkpoint, or 'auto': the newest, if any")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda (one GPU per rank)")
-    p.add_argument("--precision", default="fp32", choices=PRECISIONS)
-    p.add_argument("--timeout-s", type=float, default=60.0, help="collective timeout")
+    add_flags(p, DEFAULTS, FLAGS, notes={"device": "auto picks one GPU per rank, or the CPU"})
     p.add_argument("--fail-rank", type=int, default=None, help="this rank raises ...")
     p.add_argument("--fail-step", type=int, default=None, help="... at this step (1st attempt)")
     p.add_argument("--hang-rank", type=int, default=None, help="this rank skips a collective ...")
@@ -86,7 +88,7 @@ class Run:
     device: torch.device
     model_cfg: ModelConfig
     cfg: TrainConfig
-    plan: BatchPlan
+    split: BatchSplit
     resume: dict[str, Any] | None
     args: argparse.Namespace
 
@@ -97,9 +99,10 @@ def check_inputs(args: argparse.Namespace) -> Run:
     Under torchrun every rank runs these checks and fails the same way, so no rank is
     left waiting for a peer that will never come.
     """
+    cfg = from_args(DEFAULTS, args)  # every TrainConfig flag is checked here
     env = dist_env()  # no RANK/WORLD_SIZE, MASTER_ADDR or MASTER_PORT: a one-line error
-    device = device_for(env, args.device)
-    autocast_context(device, args.precision)  # fp16 on a CPU: a one-line error
+    device = device_for(env, cfg.device)
+    autocast_context(device, cfg.precision)  # fp16 on a CPU: a one-line error
     for flag in ("fail", "hang"):
         rank, step = getattr(args, f"{flag}_rank"), getattr(args, f"{flag}_step")
         if (rank is None) != (step is None):
@@ -108,25 +111,14 @@ def check_inputs(args: argparse.Namespace) -> Run:
             raise UsageError(
                 f"--{flag}-rank {rank} is outside the world: ranks are 0..{env.world_size - 1}"
             )
-    for name in ("log_every", "timeout_s"):
-        if getattr(args, name) <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive")
-    plan = BatchPlan(
-        global_batch_size=args.global_batch_size,
-        grad_accum_steps=args.grad_accum_steps,
+    split = BatchSplit(
+        global_batch_size=cfg.global_batch_size,
+        grad_accum_steps=cfg.grad_accum_steps,
         world_size=env.world_size,
     )
-    model_cfg = load_model_config(args.config)
-    cfg = TrainConfig(
-        epochs=args.epochs,
-        batch_size=args.global_batch_size,
-        lr=args.lr,
-        seed=args.seed,
-        checkpoint_every=args.checkpoint_every,
-        max_steps=args.max_steps,
-        output_dir=args.output_dir,
-    )
-    path = latest_checkpoint(args.output_dir) if args.resume == "auto" else args.resume
+    model_cfg = load_model_config(cfg.config)
+    ckpt_dir = Path(cfg.output_dir, "checkpoints")
+    path = latest_checkpoint(ckpt_dir) if cfg.resume == "auto" else cfg.resume
     resume = load_checkpoint(path, expect=model_cfg) if path else None
     if resume is not None and resume["world_size"] != env.world_size:
         raise UsageError(
@@ -134,7 +126,7 @@ def check_inputs(args: argparse.Namespace) -> Run:
             f"{env.world_size}: relaunch with --nproc_per_node={resume['world_size']}"
         )
     return Run(
-        env=env, device=device, model_cfg=model_cfg, cfg=cfg, plan=plan, resume=resume, args=args
+        env=env, device=device, model_cfg=model_cfg, cfg=cfg, split=split, resume=resume, args=args
     )
 
 
@@ -175,8 +167,8 @@ def log_line(stats: StepStats, total: int, global_loss: float, sync: float) -> s
 # --8<-- [start:setup]
 def train(run: Run, data: LMData) -> dict[str, Any]:
     """The Lab 1 loop, distributed: the same steps, each on a shard of the global batch."""
-    env, device, cfg, plan, args = run.env, run.device, run.cfg, run.plan, run.args
-    log = rank_logger(env, args.log_dir)
+    env, device, cfg, split, args = run.env, run.device, run.cfg, run.split, run.args
+    log = rank_logger(env, cfg.log_dir)
     seed_everything(cfg.seed)  # every rank builds the same initial weights ...
     model = TinyTransformer(run.model_cfg).to(device)
     # ... and DDP broadcasts rank 0's anyway. It all-reduces gradients during backward.
@@ -185,46 +177,42 @@ def train(run: Run, data: LMData) -> dict[str, Any]:
     )
     torch.manual_seed(cfg.seed + 1 + env.rank)  # but each rank draws its own dropout masks
     optimizer = make_optimizer(model, cfg)
-    scaler = make_scaler(device, args.precision)
-    sampler = make_sampler(data.train, env, plan, seed=cfg.seed)
-    steps_per_epoch = len(rank_batches(sampler, plan, epoch=0))
-    total_steps, stop_at = steps_and_total(steps_per_epoch, cfg)
+    scaler = make_scaler(device, cfg.precision)
+    sampler = make_sampler(data.train, env, split, seed=cfg.seed)
+    plan = rank_step_plan(sampler, run.split, run.cfg)
     step = 0
     if run.resume is not None:  # every rank loads the same file, then its own RNG state
-        model.load_state_dict(run.resume["model"])
-        optimizer.load_state_dict(run.resume["optimizer"])
-        if scaler is not None and run.resume.get("scaler"):
-            scaler.load_state_dict(run.resume["scaler"])
-        restore_rng(run.resume, env, device)
-        step = run.resume["step"]
+        step = restore_training_state(
+            run.resume, model, optimizer, device=device, scaler=scaler, rank=env.rank
+        )
         log.info(f"resumed from step {step}")
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     log.info(
         f"{env.launcher} | backend {dist.get_backend()} | device {device} | restart {restarts} | "
-        f"global batch {plan.global_batch_size} = micro {plan.micro_batch_size} x accum "
-        f"{plan.grad_accum_steps} x world {env.world_size} | {len(sampler)} samples on this rank"
+        f"global batch {split.global_batch_size} = micro {split.micro_batch_size} x accum "
+        f"{split.grad_accum_steps} x world {env.world_size} | {len(sampler)} samples on this rank"
     )
     # --8<-- [end:setup]
 
     # --8<-- [start:loop]
     tokens_seen, seconds, own_losses, last_global = 0, 0.0, [], float("nan")
-    while step < stop_at:
-        epoch, batch_in_epoch = divmod(step, steps_per_epoch)
-        for indices in rank_batches(sampler, plan, epoch)[batch_in_epoch:]:
+    while step < plan.stop_at:
+        epoch, batch_in_epoch = plan.position(step)
+        for indices in rank_batches(sampler, split, epoch)[batch_in_epoch:]:
             if step + 1 == args.fail_step and env.rank == args.fail_rank and restarts == 0:
                 raise RuntimeError(f"injected failure on rank {env.rank} at step {step + 1}")
             t0 = time.perf_counter()
             x, y = get_batch(data.train, indices, device)  # (micro x accum, T) each
             for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, cfg, total_steps)
+                group["lr"] = lr_at(step, cfg, plan.total_steps)
             optimizer.zero_grad(set_to_none=True)
             micro = list(
-                zip(x.split(plan.micro_batch_size), y.split(plan.micro_batch_size), strict=False)
+                zip(x.split(split.micro_batch_size), y.split(split.micro_batch_size), strict=False)
             )
             loss = accumulate_gradients(
                 ddp,
                 micro,
-                autocast=lambda: autocast_context(device, args.precision),
+                autocast=lambda: autocast_context(device, cfg.precision),
                 scale=scaler.scale if scaler else lambda loss: loss,
             )  # after this, p.grad is the same on every rank: the average over all of them
             if scaler is not None:
@@ -251,21 +239,15 @@ def train(run: Run, data: LMData) -> dict[str, Any]:
             sync = ranks_in_sync(model, device)  # cheap: two numbers per parameter tensor
             if sync != 0.0:
                 raise RuntimeError(f"parameters diverged across ranks at step {step}: {sync}")
-            if step % args.log_every == 0 or step == stop_at:
-                log.info(log_line(stats, total_steps, last_global, sync))
-            if step % cfg.checkpoint_every == 0 or step == stop_at:
-                state = {
-                    "model_config": dataclasses.asdict(run.model_cfg),
-                    "train_config": dataclasses.asdict(cfg),
-                    "step": step,
-                    "epoch": step // steps_per_epoch,
-                    "model": model.state_dict(),
-                    "optimizer": optimizer.state_dict(),
-                    "scaler": scaler.state_dict() if scaler is not None else None,
-                }
+            if step % cfg.log_every == 0 or step == plan.stop_at:
+                log.info(log_line(stats, plan.total_steps, last_global, sync))
+            if step % cfg.checkpoint_every == 0 or step == plan.stop_at:
+                state = training_state(model=model, optimizer=optimizer, cfg=cfg, step=step,
+                                       epoch=step // plan.steps_per_epoch, device=device,
+                                       scaler=scaler)  # fmt: skip
                 path = Path(cfg.output_dir) / "checkpoints" / f"step_{step:06d}.pt"
-                save_ranked_checkpoint(state, path, env, device)
-            if step == stop_at:
+                save_replicated(state, path, env, device)  # with every rank's RNG state
+            if step == plan.stop_at:
                 break
     # --8<-- [end:loop]
 
@@ -283,9 +265,9 @@ def train(run: Run, data: LMData) -> dict[str, Any]:
     summary = {
         "world_size": env.world_size,
         "steps": step,
-        "global_batch_size": plan.global_batch_size,
-        "micro_batch_size": plan.micro_batch_size,
-        "grad_accum_steps": plan.grad_accum_steps,
+        "global_batch_size": split.global_batch_size,
+        "micro_batch_size": split.micro_batch_size,
+        "grad_accum_steps": split.grad_accum_steps,
         "final_loss": last_global,
         "heldout_loss": heldout,
         # the slowest rank sets the pace: every step waits for it in the all-reduce
@@ -315,15 +297,19 @@ def train(run: Run, data: LMData) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     run = check_inputs(parse_args(argv))  # all checks first: a bad flag fails every rank alike
     data = build_datasets(
-        vocab_size=run.model_cfg.vocab_size, block_size=run.model_cfg.max_position_embeddings
+        corpus=run.cfg.corpus,
+        vocab_size=run.model_cfg.vocab_size,
+        block_size=run.model_cfg.max_position_embeddings,
     )
-    sampler = make_sampler(data.train, run.env, run.plan, seed=run.cfg.seed)  # enough data?
-    _, stop_at = steps_and_total(len(rank_batches(sampler, run.plan, epoch=0)), run.cfg)
-    if run.resume is not None and run.resume["step"] >= stop_at:
+    sampler = make_sampler(data.train, run.env, run.split, seed=run.cfg.seed)  # enough data?
+    if (
+        run.resume is not None
+        and run.resume["step"] >= rank_step_plan(sampler, run.split, run.cfg).stop_at
+    ):
         raise UsageError(
             f"the checkpoint is at step {run.resume['step']}, the end of this run: raise --epochs"
         )
-    with distributed(run.args.device, timeout_s=run.args.timeout_s):  # joins, always leaves
+    with distributed(run.cfg.device, timeout_s=run.cfg.timeout_s):  # joins, always leaves
         train(run, data)
     return 0
 

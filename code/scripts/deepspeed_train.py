@@ -31,7 +31,6 @@ import torch.distributed as dist
 
 from tinyscale.comm.dist import DistEnv, device_for, dist_env, distributed, rank_logger
 from tinyscale.compat.deepspeed_config import (
-    PRECISIONS,
     batch_sizes,
     load_ds_config,
     offloads,
@@ -40,48 +39,48 @@ from tinyscale.compat.deepspeed_config import (
     zero_stage,
 )
 from tinyscale.compat.deepspeed_costs import engine_state_bytes
-from tinyscale.core.config import DEFAULT_CONFIG_PATH, ModelConfig, load_model_config
-from tinyscale.core.data import LMData, build_datasets
+from tinyscale.core.checkpoint import restore_rng
+from tinyscale.core.cli import add_flags, from_args
+from tinyscale.core.config import ModelConfig, load_model_config
+from tinyscale.core.data import LMData, build_datasets, get_batch
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.memory import human_bytes
 from tinyscale.core.metrics import MetricsLogger, read_metrics
 from tinyscale.core.model import TinyTransformer
-from tinyscale.core.training import TrainConfig, get_batch, lr_at, make_optimizer, seed_everything
+from tinyscale.core.training import (
+    TrainConfig,
+    lr_at,
+    make_optimizer,
+    seed_everything,
+)
 from tinyscale.data_parallel.ddp_training import (
-    BatchPlan,
+    BatchSplit,
     gather_rng_states,
     make_sampler,
     rank_batches,
-    restore_rng,
-    steps_and_total,
+    rank_step_plan,
     tokens_per_second,
 )
 
 SIDECAR = "tinyscale.json"  # beside DeepSpeed's files in every checkpoint: what wrote it
 
 
+# Lab 2's flags and defaults; the batch and the clipping come from the DeepSpeed JSON
+DEFAULTS = TrainConfig(epochs=1, checkpoint_every=50, precision=None, output_dir="runs/deepspeed",
+                       log_dir="logs/deepspeed")  # fmt: skip
+FLAGS = ("config", "corpus", "epochs", "lr", "warmup_steps", "min_lr_ratio", "weight_decay",
+         "seed", "precision", "device", "log_every", "checkpoint_every", "max_steps", "resume",
+         "output_dir", "log_dir", "timeout_s")  # fmt: skip
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--deepspeed-config", required=True, help="a JSON in code/config/deepspeed/")
-    p.add_argument(
-        "--precision",
-        default="config",
-        choices=PRECISIONS,
-        help="config: what the JSON says; fp32, bf16 or fp16 override it",
-    )
-    p.add_argument("--config", default=str(DEFAULT_CONFIG_PATH), help="model config JSON")
+    add_flags(p, DEFAULTS, FLAGS, notes={
+        "precision": "default: what the JSON says",
+        "resume": "a checkpoint folder here",
+    })  # fmt: skip
     p.add_argument("--dropout", type=float, default=None, help="override the model's dropout")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--lr", type=float, default=TrainConfig.lr, help="peak learning rate")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-steps", type=int, default=None, help="stop early, as if interrupted")
-    p.add_argument("--checkpoint-every", type=int, default=50, help="steps")
-    p.add_argument("--log-every", type=int, default=10, help="steps between log lines")
-    p.add_argument("--output-dir", default="runs/deepspeed", help="checkpoints, metrics.jsonl")
-    p.add_argument("--log-dir", default="logs/deepspeed", help="<log-dir>/rank_<N>/train.log")
-    p.add_argument("--resume", default=None, help="a checkpoint folder, or 'auto': the latest")
-    p.add_argument("--device", default="auto", help="auto, cpu or cuda (one GPU per rank)")
-    p.add_argument("--timeout-s", type=float, default=60.0, help="collective timeout")
     # the `deepspeed` launcher appends --local_rank=N; LOCAL_RANK in the environment says the same
     p.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -100,7 +99,7 @@ class Run:
     model_cfg: ModelConfig
     cfg: TrainConfig
     ds_config: dict[str, Any]
-    plan: BatchPlan
+    split: BatchSplit
     resume: Path | None  # a checkpoint folder (a DeepSpeed "tag")
     resume_step: int  # its step, 0 without one
     args: argparse.Namespace
@@ -109,40 +108,31 @@ class Run:
 def check_inputs(args: argparse.Namespace) -> Run:
     """Every bad input is a one-line UsageError on every rank alike, before any rank joins."""
     env = dist_env()
-    device = device_for(env, args.device)
     ds_config = load_ds_config(args.deepspeed_config, precision=args.precision)
+    micro, accum, global_batch = batch_sizes(ds_config, env.world_size)
+    # the JSON's batch is the run's: Lab 2's schedule and data order follow from it
+    cfg = from_args(DEFAULTS, args)
+    cfg = dataclasses.replace(cfg, global_batch_size=global_batch, grad_accum_steps=accum)
+    device = device_for(env, cfg.device)
     if precision_of(ds_config) == "fp16" and device.type == "cpu":
         raise UsageError("fp16 training needs a GPU: on a CPU use --precision bf16 or fp32")
-    micro, accum, global_batch = batch_sizes(ds_config, env.world_size)
-    for name in ("log_every", "timeout_s"):
-        if getattr(args, name) <= 0:
-            raise UsageError(f"--{name.replace('_', '-')} must be positive")
-    model_cfg = load_model_config(args.config)
+    model_cfg = load_model_config(cfg.config)
     if args.dropout is not None:
         if not 0 <= args.dropout < 1:
             raise UsageError(f"--dropout must be in [0, 1), got {args.dropout}")
         model_cfg = dataclasses.replace(model_cfg, dropout=args.dropout)
-    cfg = TrainConfig(
-        epochs=args.epochs,
-        batch_size=global_batch,
-        lr=args.lr,
-        seed=args.seed,
-        checkpoint_every=args.checkpoint_every,
-        max_steps=args.max_steps,
-        output_dir=args.output_dir,
-    )
-    plan = BatchPlan(
+    split = BatchSplit(
         global_batch_size=global_batch, grad_accum_steps=accum, world_size=env.world_size
     )
-    assert plan.micro_batch_size == micro
-    resume = find_resume(args.resume, args.output_dir, env, ds_config)
+    assert split.micro_batch_size == micro
+    resume = find_resume(cfg.resume, cfg.output_dir, env, ds_config)
     return Run(
         env=env,
         device=device,
         model_cfg=model_cfg,
         cfg=cfg,
         ds_config=ds_config,
-        plan=plan,
+        split=split,
         resume=resume,
         resume_step=json.loads((resume / SIDECAR).read_text())["step"] if resume else 0,
         args=args,
@@ -245,7 +235,7 @@ def load(engine: Any, run: Run) -> int:
     path, client_state = engine.load_checkpoint(str(folder.parent), tag=folder.name)
     if path is None:
         raise RuntimeError(f"DeepSpeed could not load {folder}")
-    restore_rng(client_state, run.env, run.device)
+    restore_rng(client_state, device=run.device, rank=run.env.rank)
     return client_state["step"]
 
 
@@ -254,12 +244,11 @@ def load(engine: Any, run: Run) -> int:
 
 # --8<-- [start:loop]
 def train(run: Run, data: LMData) -> dict[str, Any]:
-    env, device, cfg, plan, args = run.env, run.device, run.cfg, run.plan, run.args
-    log = rank_logger(env, args.log_dir)
-    sampler = make_sampler(data.train, env, plan, seed=cfg.seed)
-    steps_per_epoch = len(rank_batches(sampler, plan, epoch=0))
-    total_steps, stop_at = steps_and_total(steps_per_epoch, cfg)
-    engine = build_engine(run, total_steps=total_steps)
+    env, device, cfg, split = run.env, run.device, run.cfg, run.split
+    log = rank_logger(env, cfg.log_dir)
+    sampler = make_sampler(data.train, env, split, seed=cfg.seed)
+    plan = rank_step_plan(sampler, run.split, run.cfg)
+    engine = build_engine(run, total_steps=plan.total_steps)
     torch.manual_seed(cfg.seed + 1 + env.rank)  # each rank its own dropout masks, as in Lab 2
     step = resume_step = load(engine, run) if run.resume is not None else 0
     if step:
@@ -270,8 +259,9 @@ def train(run: Run, data: LMData) -> dict[str, Any]:
         f" | backend {dist.get_backend()} | device {device} | world {env.world_size}"
     )
     log.info(
-        f"global batch {engine.train_batch_size()} = micro {plan.micro_batch_size} x accum "
-        f"{plan.grad_accum_steps} x world {env.world_size} | {steps_per_epoch} steps per epoch"
+        f"global batch {engine.train_batch_size()} = micro {split.micro_batch_size} x accum "
+        f"{split.grad_accum_steps} x world {env.world_size} | {plan.steps_per_epoch} steps per"
+        " epoch"
     )
     metrics = None
     if env.is_main:  # on resume, keep the records up to the checkpoint's step, drop the rest
@@ -279,14 +269,16 @@ def train(run: Run, data: LMData) -> dict[str, Any]:
         history = read_metrics(old) if step and old.is_file() else None
         metrics = MetricsLogger(Path(cfg.output_dir), history=history, resume_step=step)
     tokens, seconds, loss_now = 0, 0.0, math.nan
-    while step < stop_at:
-        epoch, batch_in_epoch = divmod(step, steps_per_epoch)
-        for indices in rank_batches(sampler, plan, epoch)[batch_in_epoch:]:
+    while step < plan.stop_at:
+        epoch, batch_in_epoch = plan.position(step)
+        for indices in rank_batches(sampler, split, epoch)[batch_in_epoch:]:
             t0 = time.perf_counter()
             x, y = get_batch(data.train, indices, device)  # (micro x accum, T) each
             lr = engine.get_lr()[0]  # what this step uses: the schedule at `step`
             losses = []
-            micro = zip(x.split(plan.micro_batch_size), y.split(plan.micro_batch_size), strict=True)
+            micro = zip(
+                x.split(split.micro_batch_size), y.split(split.micro_batch_size), strict=True
+            )
             for xm, ym in micro:
                 _, loss = engine(xm, ym)
                 engine.backward(loss)  # scales by 1/accum; ZeRO reduces (and partitions) grads
@@ -306,13 +298,13 @@ def train(run: Run, data: LMData) -> dict[str, Any]:
                     f"this rank holds weights {human_bytes(held.params)} + optimizer state "
                     f"{human_bytes(held.optimizer)}"
                 )
-            if step % args.log_every == 0 or step == stop_at:
-                log.info(f"step {step:4d}/{total_steps} | loss {loss_now:.4f} | lr {lr:.2e}")
-            if step % cfg.checkpoint_every == 0 or step == stop_at:
+            if step % cfg.log_every == 0 or step == plan.stop_at:
+                log.info(f"step {step:4d}/{plan.total_steps} | loss {loss_now:.4f} | lr {lr:.2e}")
+            if step % cfg.checkpoint_every == 0 or step == plan.stop_at:
                 if metrics is not None:
                     metrics.flush()
                 log.info(f"saved {save(engine, run, step)}")
-            if step == stop_at:
+            if step == plan.stop_at:
                 break
     # --8<-- [end:loop]
 
@@ -354,16 +346,17 @@ def quiet_deepspeed() -> Iterator[None]:
 def main(argv: Sequence[str] | None = None) -> int:
     run = check_inputs(parse_args(argv))  # all checks first: a bad flag fails every rank alike
     data = build_datasets(
-        vocab_size=run.model_cfg.vocab_size, block_size=run.model_cfg.max_position_embeddings
+        corpus=run.cfg.corpus,
+        vocab_size=run.model_cfg.vocab_size,
+        block_size=run.model_cfg.max_position_embeddings,
     )
-    sampler = make_sampler(data.train, run.env, run.plan, seed=run.cfg.seed)  # enough data?
-    _, stop_at = steps_and_total(len(rank_batches(sampler, run.plan, epoch=0)), run.cfg)
-    if run.resume_step >= stop_at:
+    sampler = make_sampler(data.train, run.env, run.split, seed=run.cfg.seed)  # enough data?
+    if run.resume_step >= rank_step_plan(sampler, run.split, run.cfg).stop_at:
         raise UsageError(
             f"the checkpoint is at step {run.resume_step}, the end of this run: raise "
             "--max-steps or --epochs"
         )
-    with distributed(run.args.device, timeout_s=run.args.timeout_s), quiet_deepspeed():
+    with distributed(run.cfg.device, timeout_s=run.cfg.timeout_s), quiet_deepspeed():
         train(run, data)
     return 0
 

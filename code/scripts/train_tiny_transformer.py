@@ -8,34 +8,28 @@ Resume:  python code/scripts/train_tiny_transformer.py --epochs 2 --resume runs/
 import argparse
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
-from tinyscale.core.checkpoint import load_checkpoint
-from tinyscale.core.config import DEFAULT_CONFIG_PATH, load_model_config
+from tinyscale.core.checkpoint import latest_checkpoint, load_checkpoint
+from tinyscale.core.cli import add_flags, from_args
+from tinyscale.core.config import load_model_config
 from tinyscale.core.data import build_datasets
+from tinyscale.core.device import select_device
 from tinyscale.core.errors import ArgumentParser, run_cli
 from tinyscale.core.model import TinyTransformer
-from tinyscale.core.training import DEVICES, TrainConfig, seed_everything, select_device, train
+from tinyscale.core.training import TrainConfig, seed_everything, train
+
+DEFAULTS = TrainConfig()  # Lab 1's defaults are TrainConfig's own
+FLAGS = ("config", "corpus", "epochs", "global_batch_size", "lr", "warmup_steps",
+         "min_lr_ratio", "weight_decay", "grad_clip", "seed", "device", "eval_every",
+         "checkpoint_every", "max_steps", "resume", "output_dir", "progress")  # fmt: skip
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    defaults = TrainConfig()
+def parse_args(argv: Sequence[str] | None) -> TrainConfig:
+    """Every flag is a field of TrainConfig (tinyscale.core.cli); --help lists them."""
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=str(DEFAULT_CONFIG_PATH), help="model config JSON")
-    p.add_argument("--epochs", type=int, default=defaults.epochs)
-    p.add_argument("--batch-size", type=int, default=defaults.batch_size)
-    p.add_argument("--lr", type=float, default=defaults.lr, help="peak learning rate")
-    p.add_argument("--seed", type=int, default=defaults.seed)
-    p.add_argument("--device", default="auto", help=f"one of {', '.join(DEVICES)}")
-    p.add_argument("--checkpoint-every", type=int, default=defaults.checkpoint_every, help="steps")
-    p.add_argument("--eval-every", type=int, default=defaults.eval_every, help="steps")
-    p.add_argument("--max-steps", type=int, default=None, help="stop early, as if interrupted")
-    p.add_argument("--resume", default=None, help="checkpoint to continue from")
-    p.add_argument("--output-dir", default=defaults.output_dir)
-    p.add_argument(
-        "--corpus", default="stdlib", help="stdlib (offline), tinyshakespeare, or a text file"
-    )
-    p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    return p.parse_args(argv)
+    add_flags(p, DEFAULTS, FLAGS)
+    return from_args(DEFAULTS, p.parse_args(argv))  # every value is checked here
 
 
 # --8<-- [end:args]
@@ -43,26 +37,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 # --8<-- [start:main]
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    cfg = parse_args(argv)
     # Check every input before writing anything: a bad flag must not leave a half-made run.
-    model_cfg = load_model_config(args.config)
-    cfg = TrainConfig(
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        seed=args.seed,
-        checkpoint_every=args.checkpoint_every,
-        eval_every=args.eval_every,
-        max_steps=args.max_steps,
-        output_dir=args.output_dir,
-        progress=False if args.no_progress else None,
+    model_cfg = load_model_config(cfg.config)
+    device = select_device(cfg.device)
+    path = (
+        latest_checkpoint(Path(cfg.output_dir, "checkpoints"))
+        if cfg.resume == "auto"
+        else cfg.resume
     )
-    device = select_device(args.device)
-    resume = load_checkpoint(args.resume, expect=model_cfg) if args.resume else None
+    resume = load_checkpoint(path, expect=model_cfg) if path else None
 
     seed_everything(cfg.seed)
     data = build_datasets(
-        corpus=args.corpus,
+        corpus=cfg.corpus,
         vocab_size=model_cfg.vocab_size,
         block_size=model_cfg.max_position_embeddings,
     )

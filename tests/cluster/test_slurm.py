@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 from tinyscale.comm.dist import dist_env
 from tinyscale.comm.launch import free_port
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import load_script
+from helpers import load_script
 from tinyscale.core.errors import UsageError, run_cli
 from tinyscale.ops.k8s_check import flag, main
 

@@ -75,7 +75,7 @@ def test_challenge_table_matches_its_json(layers: dict[str, list[dict]]) -> None
 
 
 def test_overview_recorded_output_matches_a_fresh_run(tmp_path: Path) -> None:
-    from conftest import load_script
+    from helpers import load_script
 
     args = ["--epochs", "1", "--max-steps", "20", "--eval-every", "10", "--device", "cpu"]
     assert load_script("train_tiny_transformer").main([*args, "--output-dir", str(tmp_path)]) == 0

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from conftest import ROOT, load_script
+from helpers import ROOT, load_script
 from tinyscale.comm.launch import free_port
 
 LAB2 = ROOT / "docs" / "generated" / "lab2"

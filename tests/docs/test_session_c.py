@@ -8,7 +8,7 @@ the script's own lines, the probe step's variables, the port rule, the scontrol 
 
 import re
 
-from conftest import ROOT
+from helpers import ROOT
 
 PAGE = ROOT / "docs" / "workshop" / "session-c.md"
 BATCH = ROOT / "code" / "config" / "slurm_example.sbatch"

@@ -28,15 +28,14 @@ from types import ModuleType
 import pytest
 import torch
 
-from conftest import ROOT, load_script
+from helpers import ROOT, load_script
 from tinyscale.comm.launch import free_port
 from tinyscale.core.checkpoint import load_checkpoint
 from tinyscale.core.config import load_model_config
-from tinyscale.core.data import LMData, build_datasets
+from tinyscale.core.data import LMData, build_datasets, epoch_batches
 from tinyscale.core.errors import run_cli
 from tinyscale.core.metrics import read_metrics
 from tinyscale.core.model import TinyTransformer
-from tinyscale.core.training import epoch_batches
 
 SCRIPT = ROOT / "code" / "scripts" / "accelerate_train.py"
 RECORDED = ROOT / "docs" / "generated" / "accelerate"
@@ -197,7 +196,7 @@ def test_parameters_are_identical_on_every_process_and_in_the_checkpoint(
     model.load_state_dict(state["model"])  # unwrapped: no "module." prefix
     assert script.param_digest(model) == digests[0]
     assert state["step"] == STEPS and state["num_processes"] == PROCESSES
-    assert state["train_config"]["batch_size"] == GLOBAL_BATCH
+    assert state["train_config"]["global_batch_size"] == GLOBAL_BATCH
     records = read_metrics(launched["run"] / "metrics.jsonl")
     assert state["history"] == records
     assert sorted(p.name for p in (launched["run"] / "checkpoints").iterdir()) == [
@@ -210,7 +209,14 @@ def test_same_steps_as_lab1_single_process_loop(
 ) -> None:
     """2 processes x 2 micro-batches of 4 blocks == one process on the 16-block batch."""
     lab1 = load_script("train_tiny_transformer")
-    args = ["--config", str(no_dropout), "--batch-size", str(GLOBAL_BATCH), "--seed", str(SEED)]
+    args = [
+        "--config",
+        str(no_dropout),
+        "--global-batch-size",
+        str(GLOBAL_BATCH),
+        "--seed",
+        str(SEED),
+    ]
     args += ["--max-steps", str(STEPS), "--device", "cpu", "--no-progress"]
     assert lab1.main([*args, "--output-dir", str(tmp_path)]) == 0
     want = [r for r in read_metrics(tmp_path / "metrics.jsonl") if r["split"] == "train"]
@@ -267,17 +273,20 @@ def fresh_accelerate_state() -> Iterator[None]:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--grad-accum-steps", "0"], "error: --grad-accum-steps must be positive, got 0"),
-        (["--global-batch-size", "-16"], "error: --global-batch-size must be positive, got -16"),
-        (["--epochs", "0"], "error: --epochs must be positive, got 0"),
-        (["--mixed-precision", "fp8"], "error: argument --mixed-precision: invalid choice"),
+        (["--grad-accum-steps", "0"], "error: --grad-accum-steps must be a positive number, got 0"),
+        (
+            ["--global-batch-size", "-16"],
+            "error: --global-batch-size must be a positive number, got -16",
+        ),
+        (["--epochs", "0"], "error: --epochs must be a positive number, got 0"),
+        (["--precision", "fp8"], "error: unknown precision 'fp8': use one of fp32, bf16, fp16"),
         (
             ["--global-batch-size", "30", "--grad-accum-steps", "4"],
             "error: --global-batch-size 30 is not divisible by 1 processes x 4 accumulation "
             "steps = 4: use a multiple of 4, e.g. 28 or 32",
         ),
-        (["--mixed-precision", "fp16"], "use --mixed-precision bf16"),
-        (["--global-batch-size", "4000"], "exceeds the 3319 training blocks"),
+        (["--precision", "fp16"], "use --precision bf16"),
+        (["--global-batch-size", "4000"], "no full step in an epoch of 3319 training samples"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(
@@ -341,7 +350,7 @@ def test_accelerate_launch_cpu_with_many_processes_is_refused(
 def test_bad_input_through_the_real_cli(tmp_path: Path) -> None:
     """As a user runs it: stderr is exactly one line, even with Accelerate imported."""
     out = tmp_path / "run"
-    cmd = [sys.executable, str(SCRIPT), "--cpu", "--mixed-precision", "fp16"]
+    cmd = [sys.executable, str(SCRIPT), "--cpu", "--precision", "fp16"]
     proc = subprocess.run(
         [*cmd, "--output-dir", str(out), "--log-dir", str(tmp_path / "logs")],
         cwd=ROOT,
@@ -354,6 +363,6 @@ def test_bad_input_through_the_real_cli(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr == (
         "error: fp16 autocast needs a GPU (on CPU Accelerate would silently train in fp32): "
-        "use --mixed-precision bf16 or no\n"
+        "use --precision bf16 or fp32\n"
     )
     assert not out.exists()

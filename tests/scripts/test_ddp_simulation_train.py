@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 import torch
 
-from conftest import ROOT, load_script
+from helpers import ROOT, load_script
 from tinyscale.comm.launch import free_port
 from tinyscale.core.checkpoint import load_checkpoint
 from tinyscale.core.errors import run_cli

@@ -26,7 +26,7 @@ from types import ModuleType
 
 import pytest
 
-from conftest import ROOT, load_script
+from helpers import ROOT, load_script
 from tinyscale.comm.launch import free_port
 from tinyscale.core.errors import run_cli
 from tinyscale.core.memory import human_bytes
@@ -128,7 +128,14 @@ def test_same_steps_as_lab1_single_process_loop(
     """Shard k of both ranks together is Lab 1's batch k of 32: the same losses, the same lr,
     before and after the resume."""
     lab1 = load_script("train_tiny_transformer")
-    args = ["--config", str(no_dropout_config), "--batch-size", "32", "--max-steps", str(STEPS)]
+    args = [
+        "--config",
+        str(no_dropout_config),
+        "--global-batch-size",
+        "32",
+        "--max-steps",
+        str(STEPS),
+    ]
     assert (
         lab1.main([*args, "--device", "cpu", "--no-progress", "--output-dir", str(tmp_path)]) == 0
     )
@@ -184,7 +191,11 @@ def write(path: Path, text: str) -> Path:
         ('{"zero_optimization": {"stage": "2"}}', [], "unknown ZeRO stage '2'"),
         ('{"train_batch_size": 30, "train_micro_batch_size_per_gpu": 16}', [], "!= micro 16"),
         ("zero2_fp16.json", [], "fp16 training needs a GPU: on a CPU use --precision bf16"),
-        ("zero2.json", ["--precision", "fp8"], "argument --precision: invalid choice"),
+        (
+            "zero2.json",
+            ["--precision", "fp8"],
+            "unknown precision 'fp8': use one of fp32, bf16, fp16",
+        ),
         ("zero2.json", ["--dropout", "1.5"], "--dropout must be in [0, 1)"),
         ("zero2.json", ["--resume", "nowhere"], "is not a checkpoint of this script"),
     ],

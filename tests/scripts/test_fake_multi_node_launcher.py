@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, load_script
+from helpers import ROOT, load_script
 from tinyscale.comm.launch import free_port
 from tinyscale.core.errors import run_cli
 from tinyscale.ops.multinode import expected_env

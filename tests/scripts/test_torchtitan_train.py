@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import recorded_output
+from helpers import recorded_output
 
 pytest.importorskip("torchtitan", reason="torchtitan is in the cluster extra: make setup")
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import ROOT, load_script
+from helpers import ROOT, load_script
 from tinyscale.core.checkpoint import load_checkpoint, save_checkpoint
 from tinyscale.core.config import load_model_config
 from tinyscale.core.errors import run_cli
@@ -200,7 +200,7 @@ BAD_INPUTS: dict[str, tuple[Callable[[Path], list[str]], str]] = {
         lambda t: ["--config", str(config_with(t, hidden_sise=64))],
         "did you mean 'hidden_size'?",
     ),
-    "epochs-0": (lambda t: ["--epochs", "0"], "--epochs must be positive"),
+    "epochs-0": (lambda t: ["--epochs", "0"], "--epochs must be a positive number"),
     "lr-negative": (lambda t: ["--lr", "-1"], "--lr must be a positive"),
     "device-gpu": (lambda t: ["--device", "gpu"], "unknown device 'gpu'"),
     "device-cuda": (lambda t: ["--device", "cuda"], "not available"),
@@ -214,7 +214,7 @@ BAD_INPUTS: dict[str, tuple[Callable[[Path], list[str]], str]] = {
     ),
     "missing-checkpoint": (lambda t: ["--resume", str(t / "missing.pt")], "not found"),
     "missing-corpus": (lambda t: ["--corpus", str(t / "missing.txt")], "neither a known name"),
-    "batch-too-big": (lambda t: ["--batch-size", "1000000"], "lower --batch-size"),
+    "batch-too-big": (lambda t: ["--global-batch-size", "1000000"], "lower --global-batch-size"),
 }
 
 
@@ -235,6 +235,32 @@ def test_bad_input_is_one_line_and_writes_nothing(
     assert err.startswith("error: ") and err.count("\n") == 1 and err.endswith("\n"), err
     assert expected in err
     assert not out.exists()
+
+
+def test_an_output_dir_that_is_a_file_is_one_line(
+    script: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "run"
+    out.write_text("not a directory")
+    capsys.readouterr()
+    assert run_cli(script.main, ["--config", str(SHIPPED_CONFIG), "--output-dir", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err == f"error: --output-dir {out} is a file: pass a directory (it is created if missing)\n"
+    )
+    assert out.read_text() == "not a directory"
+
+
+def test_the_default_config_is_found_from_any_folder(
+    script: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    monkeypatch.chdir(tmp_path)  # no code/config/config.json below here
+    capsys.readouterr()
+    assert run_cli(script.main, ["--resume", "missing.pt", "--no-progress"]) == 2
+    # the config loaded (it is read first); the next check is the one that failed
+    assert "checkpoint missing.pt not found" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
 
 
 def test_resume_past_the_end_asks_for_more_epochs(

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.rendezvous import rendezvous
 
+from tinyscale.core.device import select_device
 from tinyscale.core.errors import UsageError
 
 
@@ -114,15 +115,7 @@ def dist_env(environ: Mapping[str, str] | None = None) -> DistEnv:
 # --8<-- [start:init]
 def device_for(env: DistEnv, device: str = "auto") -> torch.device:
     """One GPU per process, chosen by LOCAL_RANK; on CPU every process shares the cores."""
-    if device not in ("auto", "cpu", "cuda"):
-        raise UsageError(
-            f"unknown device '{device}' for distributed training: use auto, cpu or cuda"
-        )
-    if device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("device 'cuda' is not available on this machine: use --device auto or cpu")
-    if device == "cpu" or not torch.cuda.is_available():
-        return torch.device("cpu")
-    return torch.device("cuda", env.local_rank % torch.cuda.device_count())
+    return select_device(device, local_rank=env.local_rank)
 
 
 def backend_for(device: torch.device) -> str:

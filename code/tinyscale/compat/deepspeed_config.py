@@ -15,17 +15,17 @@ from typing import Any
 
 from tinyscale.core.config import read_json_object
 from tinyscale.core.errors import UsageError
+from tinyscale.core.precision import DEEPSPEED_BLOCKS, check_precision
 
 DS_CONFIG_DIR = Path(__file__).resolve().parents[2] / "config" / "deepspeed"
 ZERO_STAGES = (0, 1, 2, 3)
-PRECISIONS = ("config", "fp32", "bf16", "fp16")  # "config": what the JSON says
 
 
 def shipped_configs() -> list[str]:
     return sorted(p.name for p in DS_CONFIG_DIR.glob("*.json"))
 
 
-def load_ds_config(path: str | Path, *, precision: str = "config") -> dict[str, Any]:
+def load_ds_config(path: str | Path, *, precision: str | None = None) -> dict[str, Any]:
     """The JSON as a dict, with a ZeRO stage DeepSpeed knows and the precision asked for."""
     config = read_json_object(
         path,
@@ -45,23 +45,24 @@ def load_ds_config(path: str | Path, *, precision: str = "config") -> dict[str, 
 
 
 # --8<-- [start:precision]
-def with_precision(config: dict[str, Any], precision: str) -> dict[str, Any]:
-    """A copy with exactly one of fp32, bf16, fp16 switched on; "config" keeps the JSON's.
+def with_precision(config: dict[str, Any], precision: str | None) -> dict[str, Any]:
+    """A copy with exactly one of fp32, bf16, fp16 switched on; None keeps the JSON's.
 
-    The fp16 block keeps its loss-scaling fields, so zero2_fp16.json's settings survive.
+    The course's precision names (tinyscale.core.precision) in DeepSpeed's words: a "bf16"
+    or "fp16" block with "enabled": true, or neither for fp32. The fp16 block keeps its
+    loss-scaling fields, so zero2_fp16.json's settings survive.
     """
-    if precision not in PRECISIONS:
-        raise UsageError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
-    if precision == "config":
-        return copy.deepcopy(config)
     out = copy.deepcopy(config)
-    out["bf16"] = {**out.get("bf16", {}), "enabled": precision == "bf16"}
-    out["fp16"] = {**out.get("fp16", {}), "enabled": precision == "fp16"}
+    if precision is None:
+        return out
+    check_precision(precision)
+    for block in DEEPSPEED_BLOCKS:
+        out[block] = {**out.get(block, {}), "enabled": precision == block}
     return out
 
 
 def precision_of(config: dict[str, Any]) -> str:
-    for name in ("bf16", "fp16"):
+    for name in DEEPSPEED_BLOCKS:
         if config.get(name, {}).get("enabled", False):
             return name
     return "fp32"

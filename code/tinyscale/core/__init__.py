@@ -7,11 +7,13 @@ else of tinyscale: a core module runs in one process, with no process group.
     module          taught on
     errors          workshop/lab-1.md
     config          workshop/lab-1.md
+    cli             workshop/session-a.md
+    device          start/overview.md, workshop/session-a.md
     model           workshop/lab-1.md
-    data            workshop/lab-1.md
+    data            workshop/lab-1.md, workshop/session-a.md
     metrics         workshop/lab-1.md
     checkpoint      workshop/lab-1.md, workshop/session-a.md
-    training        start/overview.md, workshop/session-a.md
+    training        workshop/session-a.md
     memory          workshop/session-a.md
     accumulation    workshop/lab-2.md, workshop/session-b.md
     precision       workshop/session-b.md

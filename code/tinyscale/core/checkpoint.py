@@ -1,7 +1,7 @@
 # --8<-- [start:save]
 """Checkpoints that are never half-written and never load blindly.
 
-Try it:  python -c "from tinyscale.core.checkpoint import describe_checkpoint as d; print(d('runs/lab1/checkpoints/latest.pt'))"
+Try it:  python -c "from tinyscale.core.checkpoint import *; print(describe_checkpoint(latest_checkpoint('runs/lab1/checkpoints')))"
 """
 
 import dataclasses
@@ -10,11 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from tinyscale.core.config import ModelConfig
 from tinyscale.core.errors import UsageError
 
 FORMAT = "tinyscale.checkpoint.v1"
+MANIFEST = "manifest.json"  # what a checkpoint of several files writes last (Session C)
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
@@ -75,6 +77,77 @@ def load_checkpoint(path: str | Path, *, expect: ModelConfig | None = None) -> d
 
 
 # --8<-- [end:load]
+
+
+# --8<-- [start:state]
+def training_state(
+    *, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: Any, step: int, epoch: int,
+    device: torch.device, scaler: Any = None, history: list[dict[str, Any]] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:  # fmt: skip
+    """Everything a run needs to go on exactly where it stopped: what a course checkpoint holds.
+
+    The weights and Adam's state, the step, the random-number state that draws the next
+    dropout masks, the loss scaler's scale (fp16), the configs it was trained with, and
+    the metrics so far. ``extra``: what one script adds, e.g. its world size.
+    """
+    return {
+        "model_config": dataclasses.asdict(model.cfg),
+        "train_config": dataclasses.asdict(cfg),
+        "step": step,
+        "epoch": epoch,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict() if scaler is not None else None,
+        "rng_cpu": torch.get_rng_state(),
+        "rng_device": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+        "history": history,
+        **extra,
+    }
+
+
+def restore_training_state(
+    state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, *,
+    device: torch.device, scaler: Any = None, rank: int | None = None,
+) -> int:  # fmt: skip
+    """Put back everything that decides what happens next; return the step to go on from.
+
+    ``rank``: a checkpoint written for several ranks holds one RNG state per rank, a list
+    (each rank draws its own dropout masks): take this rank's.
+    """
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    if scaler is not None and state.get("scaler"):
+        scaler.load_state_dict(state["scaler"])
+    restore_rng(state, device=device, rank=rank)
+    return state["step"]
+
+
+def restore_rng(state: dict[str, Any], *, device: torch.device, rank: int | None = None) -> None:
+    """Put back the random-number state, so the dropout masks go on where they stopped."""
+    rng_cpu, rng_device = state["rng_cpu"], state["rng_device"]
+    if rank is not None:
+        rng_cpu = rng_cpu[rank]
+        rng_device = rng_device[rank] if rng_device is not None else None
+    torch.set_rng_state(rng_cpu)
+    if device.type == "cuda" and rng_device is not None:  # saved on a GPU too
+        torch.cuda.set_rng_state(rng_device, device)
+
+
+def latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint in ``ckpt_dir``, or None (what --resume auto picks).
+
+    A ``step_*.pt`` file is complete once it has its name (save_checkpoint renames it into
+    place). A ``step_*`` directory, written by several ranks, is complete once the file
+    written last is there: our manifest, or DCP's .metadata. Sorted by name = by step.
+    """
+    for path in sorted(Path(ckpt_dir).glob("step_*"), reverse=True):
+        if path.is_file() or any((path / name).is_file() for name in (MANIFEST, ".metadata")):
+            return path
+    return None
+
+
+# --8<-- [end:state]
 
 
 # --8<-- [start:describe]

@@ -233,3 +233,29 @@ def build_datasets(
 
 
 # --8<-- [end:datasets]
+
+
+# --8<-- [start:batches]
+def epoch_batches(
+    num_samples: int, batch_size: int, *, seed: int, epoch: int
+) -> list[torch.Tensor]:
+    """This epoch's batches of sample indices: a fresh shuffle per epoch, reproducible from
+    (seed, epoch) alone, so a resumed run can skip to batch k of epoch e. Drops the last
+    incomplete batch, so every step sees the same number of tokens."""
+    generator = torch.Generator().manual_seed(seed + epoch)
+    order = torch.randperm(num_samples, generator=generator)
+    usable = num_samples - num_samples % batch_size
+    return list(order[:usable].split(batch_size)) if usable else []
+
+
+def get_batch(
+    dataset: TokenBlocks, indices: torch.Tensor, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stack the blocks at ``indices`` into one batch on ``device``."""
+    pairs = [dataset[i] for i in indices.tolist()]
+    x = torch.stack([p[0] for p in pairs]).to(device)  # (B, T) input token ids
+    y = torch.stack([p[1] for p in pairs]).to(device)  # (B, T) the next token at each position
+    return x, y
+
+
+# --8<-- [end:batches]

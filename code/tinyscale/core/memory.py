@@ -1,7 +1,7 @@
 # --8<-- [start:model_states]
 """How many bytes training needs: the estimate on paper, and the same thing measured.
 
-Try it:  python -c "from tinyscale.core.memory import model_state_bytes as m; print(m(7e9, 'mixed'))"
+Try it:  python -c "from tinyscale.core.memory import model_state_bytes as m; print(m(7e9, 'bf16'))"
 """
 
 import dataclasses
@@ -9,10 +9,15 @@ import dataclasses
 import torch
 from torch import nn
 
-# Bytes per parameter for (weights, gradients, optimizer state) with Adam:
-#   fp32:  4 + 4 + (4 momentum + 4 variance)                                 = 16
-#   mixed: 2 (bf16/fp16 weights) + 2 (grads) + (4 master + 4 + 4) (fp32 Adam) = 16
-RECIPES = {"fp32": (4, 4, 8), "mixed": (2, 2, 12)}
+from tinyscale.core.precision import check_precision
+
+# Bytes per parameter for (weights, gradients, optimizer state) with Adam, per precision
+# (tinyscale.core.precision's names), laid out as the ZeRO paper counts them (§3.1):
+#   fp32:       4 + 4 + (4 momentum + 4 variance)                                 = 16
+#   bf16, fp16: 2 (16-bit weights) + 2 (grads) + (4 master + 4 + 4) (fp32 Adam)   = 16
+# Autocast keeps the fp32 weights as the master copy instead (4 + 4 + 8): the same 16
+# bytes, split differently, which matters once ZeRO shards only some of them.
+RECIPES = {"fp32": (4, 4, 8), "bf16": (2, 2, 12), "fp16": (2, 2, 12)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,9 +46,9 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def model_state_bytes(num_params: float, recipe: str = "fp32") -> StateBytes:
+def model_state_bytes(num_params: float, precision: str = "fp32") -> StateBytes:
     """The paper estimate: bytes per parameter times the number of parameters."""
-    per_param = RECIPES[recipe]
+    per_param = RECIPES[check_precision(precision)]
     return StateBytes(*(int(num_params * b) for b in per_param))
 
 

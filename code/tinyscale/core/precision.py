@@ -14,7 +14,21 @@ import torch
 
 from tinyscale.core.errors import UsageError
 
+# The course's one word per precision, used by every script, formula and config of it:
+#   fp32  everything in float32
+#   bf16  mixed precision: matmuls in bfloat16, fp32 master weights and optimizer state
+#   fp16  the same with float16, which also needs a loss scaler (and a GPU)
 PRECISIONS = ("fp32", "bf16", "fp16")
+# The same choice in the libraries' own words, so that no name means two things:
+ACCELERATE_NAMES = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}  # Accelerator(mixed_precision=)
+DEEPSPEED_BLOCKS = ("bf16", "fp16")  # a DeepSpeed JSON enables one of these blocks, or neither
+
+
+def check_precision(precision: str) -> str:
+    """``precision`` if it is one of ``PRECISIONS``; else one line that lists them."""
+    if precision not in PRECISIONS:
+        raise UsageError(f"unknown precision {precision!r}: use one of {', '.join(PRECISIONS)}")
+    return precision
 
 
 def autocast_context(device: torch.device, precision: str) -> contextlib.AbstractContextManager:
@@ -23,9 +37,7 @@ def autocast_context(device: torch.device, precision: str) -> contextlib.Abstrac
     Autocast keeps the weights in fp32 and casts per operation: matmuls and convolutions
     run in the low-precision dtype; reductions, softmax, norms and losses stay in fp32.
     """
-    if precision not in PRECISIONS:
-        raise UsageError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
-    if precision == "fp32":
+    if check_precision(precision) == "fp32":
         return contextlib.nullcontext()
     if device.type not in ("cpu", "cuda"):
         raise UsageError(f"{precision} autocast runs on cpu or cuda, not {device.type}; use fp32")

@@ -14,83 +14,85 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from tinyscale.core.checkpoint import save_checkpoint
-from tinyscale.core.data import LMData, TokenBlocks
+from tinyscale.core.checkpoint import restore_training_state, save_checkpoint, training_state
+from tinyscale.core.cli import flag, option
+from tinyscale.core.config import DEFAULT_CONFIG_PATH
+from tinyscale.core.data import LMData, TokenBlocks, epoch_batches, get_batch
+from tinyscale.core.device import DEVICES
 from tinyscale.core.errors import UsageError
 from tinyscale.core.metrics import MetricsLogger, plot_loss_curves
 from tinyscale.core.model import TinyTransformer
+from tinyscale.core.precision import PRECISIONS
 
 
 @dataclasses.dataclass(kw_only=True)
 class TrainConfig:
-    """Everything about *how* we train (the model's shape lives in ModelConfig)."""
+    """Everything about *how* we train (the model's shape lives in ModelConfig).
 
-    epochs: int = 2
-    batch_size: int = 16  # blocks per optimizer step
-    lr: float = 3e-3  # peak learning rate, reached after warmup
-    warmup_steps: int = 20
-    min_lr_ratio: float = 0.1  # cosine decay ends at lr * min_lr_ratio
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0  # max global gradient norm
-    seed: int = 0
-    eval_every: int = 50  # steps between held-out evaluations
-    checkpoint_every: int = 100  # steps between checkpoints (one is always saved at the end)
-    max_steps: int | None = (
-        None  # stop early, as if interrupted; the schedule still spans all epochs
-    )
-    output_dir: str = "runs/lab1"
-    progress: bool | None = None  # progress bar: None shows it only in a terminal
+    Every field is also a command-line flag of the training scripts, with this default
+    and this help (tinyscale.core.cli): each script picks the flags it needs.
+    """
+
+    config: str = option(str(DEFAULT_CONFIG_PATH), "the model's shape, a JSON file")
+    corpus: str = option("stdlib", "stdlib (offline), tinyshakespeare, or a text file")
+    epochs: int = option(2, "passes over the training data")
+    global_batch_size: int = option(16, "samples per optimizer step, all processes together")
+    grad_accum_steps: int = option(1, "micro-batches per process per optimizer step")
+    lr: float = option(3e-3, "peak learning rate, reached after the warmup")
+    warmup_steps: int = option(20, "steps of linear warmup up to the peak")
+    min_lr_ratio: float = option(0.1, "the cosine decay ends at the peak times this")
+    weight_decay: float = option(0.1, "AdamW's decoupled weight decay, on matrices only")
+    grad_clip: float = option(1.0, "largest global gradient norm")
+    seed: int = option(0, "the same seed gives the same weights, data order and dropout")
+    precision: str | None = option("fp32", "fp32, bf16 or fp16 (fp16 needs a GPU)")
+    device: str = option("auto", "auto, cpu, mps or cuda")
+    eval_every: int = option(50, "steps between held-out evaluations")
+    log_every: int = option(10, "steps between log lines")
+    checkpoint_every: int = option(100, "steps between checkpoints (and one at the end)")
+    max_steps: int | None = option(None, "stop early, as if interrupted (the schedule still "
+                                   "spans every epoch)")  # fmt: skip
+    resume: str | None = option(None, "a checkpoint to continue from, or 'auto': the newest")
+    output_dir: str = option("runs/lab1", "checkpoints, metrics and TensorBoard files")
+    log_dir: str = option("logs", "one train.log per rank, in rank_<N>/")
+    timeout_s: float = option(60.0, "seconds a collective may wait for the other ranks")
+    progress: bool | None = option(None, "the progress bar (shown only in a terminal)")
 
     def __post_init__(self) -> None:
-        positive = ["epochs", "batch_size", "eval_every", "checkpoint_every"]
+        """Check every value, whichever script set it: one line that names the flag."""
+        positive = ("epochs", "global_batch_size", "grad_accum_steps", "eval_every",
+                    "log_every", "checkpoint_every", "max_steps", "lr", "grad_clip", "timeout_s")  # fmt: skip
         for name in positive:
-            if getattr(self, name) <= 0:
+            value = getattr(self, name)
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise UsageError(f"{flag(name)} must be a positive number, got {value}")
+        if self.warmup_steps < 0 or self.weight_decay < 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise UsageError(
+                "need --warmup-steps >= 0, --weight-decay >= 0 and 0 <= --min-lr-ratio <= 1"
+            )
+        if self.precision is not None and self.precision not in PRECISIONS:
+            raise UsageError(
+                f"unknown precision {self.precision!r}: use one of {', '.join(PRECISIONS)}"
+            )
+        if self.device not in DEVICES:
+            raise UsageError(f"unknown device '{self.device}': use one of {', '.join(DEVICES)}")
+        for name in ("output_dir", "log_dir"):
+            if Path(getattr(self, name)).is_file():
                 raise UsageError(
-                    f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}"
+                    f"{flag(name)} {getattr(self, name)} is a file: pass a directory "
+                    "(it is created if missing)"
                 )
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise UsageError(f"--lr must be a positive number, got {self.lr}")
-        if self.max_steps is not None and self.max_steps <= 0:
-            raise UsageError(f"--max-steps must be positive, got {self.max_steps}")
-        if self.warmup_steps < 0 or self.grad_clip <= 0 or not 0 <= self.min_lr_ratio <= 1:
-            raise UsageError("need --warmup-steps >= 0, grad_clip > 0 and 0 <= min_lr_ratio <= 1")
 
 
 # --8<-- [end:config]
 
 
-# --8<-- [start:device]
-DEVICES = ("auto", "cpu", "mps", "cuda")
-
-
-def select_device(name: str = "auto") -> torch.device:
-    """cuda if there is a GPU, else mps on an Apple-silicon Mac, else cpu; or exactly what was asked."""
-    if name not in DEVICES:
-        raise UsageError(f"unknown device '{name}': use one of {', '.join(DEVICES)}")
-    available = {
-        "cpu": True,
-        "cuda": torch.cuda.is_available(),
-        "mps": torch.backends.mps.is_available(),
-    }
-    if name == "auto":
-        return torch.device(next(d for d in ("cuda", "mps", "cpu") if available[d]))
-    if not available[name]:
-        raise UsageError(
-            f"device '{name}' is not available on this machine: use --device auto or cpu"
-        )
-    return torch.device(name)
-
-
+# --8<-- [start:schedule]
 def seed_everything(seed: int) -> None:
     """Same seed, same initial weights, same dropout masks, same data order."""
     random.seed(seed)
     torch.manual_seed(seed)  # seeds the CPU generator and every CUDA/MPS device
 
 
-# --8<-- [end:device]
-
-
-# --8<-- [start:schedule]
 def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
     """Linear warmup to cfg.lr, then cosine decay to cfg.lr * cfg.min_lr_ratio."""
     if step < cfg.warmup_steps:
@@ -114,29 +116,36 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Adam
 # --8<-- [end:schedule]
 
 
-# --8<-- [start:batches]
-def epoch_batches(
-    num_samples: int, batch_size: int, *, seed: int, epoch: int
-) -> list[torch.Tensor]:
-    """This epoch's batches of sample indices: a fresh shuffle per epoch, reproducible from
-    (seed, epoch) alone, so a resumed run can skip to batch k of epoch e. Drops the last
-    incomplete batch, so every step sees the same number of tokens."""
-    generator = torch.Generator().manual_seed(seed + epoch)
-    order = torch.randperm(num_samples, generator=generator)
-    usable = num_samples - num_samples % batch_size
-    return list(order[:usable].split(batch_size)) if usable else []
+# --8<-- [start:plan]
+@dataclasses.dataclass(frozen=True)
+class StepPlan:
+    """Where a run is in its schedule; every hand-written loop of the course keeps one.
+
+    E epochs of S steps make a schedule of E x S steps, which the learning rate spans;
+    --max-steps stops the run earlier, as if it were interrupted, without changing it.
+    """
+
+    steps_per_epoch: int
+    total_steps: int  # the schedule's length
+    stop_at: int  # the step this run stops after
+
+    def position(self, step: int) -> tuple[int, int]:
+        """(epoch, batch within it) of the next step after ``step``: where a resume goes on."""
+        return divmod(step, self.steps_per_epoch)
 
 
-def get_batch(
-    dataset: TokenBlocks, indices: torch.Tensor, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    pairs = [dataset[i] for i in indices.tolist()]
-    x = torch.stack([p[0] for p in pairs]).to(device)  # (B, T) input token ids
-    y = torch.stack([p[1] for p in pairs]).to(device)  # (B, T) the next token at each position
-    return x, y
+def plan_steps(steps_per_epoch: int, cfg: TrainConfig, *, samples: int) -> StepPlan:
+    """The plan of a run whose every epoch has ``steps_per_epoch`` optimizer steps."""
+    if steps_per_epoch == 0:
+        raise UsageError(
+            f"--global-batch-size {cfg.global_batch_size} leaves no full step in an epoch of "
+            f"{samples} training samples: lower --global-batch-size"
+        )
+    total = cfg.epochs * steps_per_epoch
+    return StepPlan(steps_per_epoch, total, min(total, cfg.max_steps or total))
 
 
-# --8<-- [end:batches]
+# --8<-- [end:plan]
 
 
 # --8<-- [start:evaluate]
@@ -158,18 +167,19 @@ def evaluate(
     return {"loss": loss, "perplexity": math.exp(loss)}
 
 
-def progress_line(
-    step: int,
-    total_steps: int,
-    steps_per_epoch: int,
-    records: list[dict[str, Any]],
-    eval_every: int,
-    scores: dict[str, float],
+def log_heldout(
+    model: TinyTransformer, data: LMData, logger: MetricsLogger, *, step: int,
+    plan: StepPlan, cfg: TrainConfig, device: torch.device,
     tokens_per_second: float | None = None,
-) -> str:
-    """The line printed at each evaluation: where we are, recent train loss, held-out scores."""
-    recent = [r["loss"] for r in records[-eval_every - 1 :] if r["split"] == "train"]
-    line = f"step {step:4d}/{total_steps} | epoch {step / steps_per_epoch:4.2f}"
+) -> str:  # fmt: skip
+    """Score the held-out set, log the scores, and return the line the loops print.
+
+    The line says where we are, the recent train loss, and the held-out scores.
+    """
+    scores = evaluate(model, data.heldout, batch_size=cfg.global_batch_size, device=device)
+    logger.log(step, "heldout", **scores)
+    recent = [r["loss"] for r in logger.records[-cfg.eval_every - 2 :] if r["split"] == "train"]
+    line = f"step {step:4d}/{plan.total_steps} | epoch {step / plan.steps_per_epoch:4.2f}"
     if recent:
         line += f" | train loss {sum(recent) / len(recent):.3f}"
     line += f" | held-out loss {scores['loss']:.3f} | perplexity {scores['perplexity']:7.1f}"
@@ -207,24 +217,14 @@ def train(
 ) -> TrainResult:
     """Train for cfg.epochs; evaluate, log and checkpoint on the way; resume exactly."""
     out = Path(cfg.output_dir)
-    steps_per_epoch = len(data.train) // cfg.batch_size
-    if steps_per_epoch == 0:
-        raise UsageError(
-            f"batch size {cfg.batch_size} exceeds the {len(data.train)} training blocks: lower --batch-size"
-        )
-    total_steps = cfg.epochs * steps_per_epoch
-    stop_at = min(total_steps, cfg.max_steps or total_steps)
+    batches_per_epoch = len(data.train) // cfg.global_batch_size
+    plan = plan_steps(batches_per_epoch, cfg, samples=len(data.train))
     model.to(device).train()
     optimizer = make_optimizer(model, cfg)
     step = 0
     if resume is not None:  # put back everything that decides what happens next
-        model.load_state_dict(resume["model"])
-        optimizer.load_state_dict(resume["optimizer"])
-        torch.set_rng_state(resume["rng_cpu"])  # dropout masks continue where they stopped
-        if device.type == "cuda" and resume["rng_device"] is not None:  # saved on a GPU too
-            torch.cuda.set_rng_state(resume["rng_device"])
-        step = resume["step"]
-    if step >= stop_at:
+        step = restore_training_state(resume, model, optimizer, device=device)
+    if step >= plan.stop_at:
         raise UsageError(
             f"the checkpoint is at step {step}, the end of this run: raise --epochs to train further"
         )
@@ -234,55 +234,35 @@ def train(
     # --8<-- [start:checkpoint_and_eval]
     def checkpoint() -> Path:
         logger.flush()
-        return save_checkpoint(
-            {
-                "model_config": dataclasses.asdict(model.cfg),
-                "train_config": dataclasses.asdict(cfg),
-                "step": step,
-                "epoch": step // steps_per_epoch,
-                "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(),
-                "rng_cpu": torch.get_rng_state(),
-                "rng_device": torch.cuda.get_rng_state() if device.type == "cuda" else None,
-                "history": logger.records,
-            },
-            out / "checkpoints" / f"step_{step:06d}.pt",
-        )
+        epoch = step // plan.steps_per_epoch
+        state = training_state(model=model, optimizer=optimizer, cfg=cfg, step=step,
+                               epoch=epoch, device=device, history=logger.records)  # fmt: skip
+        return save_checkpoint(state, out / "checkpoints" / f"step_{step:06d}.pt")
 
-    def log_heldout(tokens_per_second: float | None = None) -> None:
-        metrics = evaluate(model, data.heldout, batch_size=cfg.batch_size, device=device)
-        logger.log(step, "heldout", **metrics)
-        tqdm.write(
-            progress_line(
-                step,
-                total_steps,
-                steps_per_epoch,
-                logger.records,
-                cfg.eval_every,
-                metrics,
-                tokens_per_second,
-            )
-        )
+    def show_heldout(tokens_per_second: float | None = None) -> None:
+        tqdm.write(log_heldout(model, data, logger, step=step, plan=plan, cfg=cfg,
+                               device=device, tokens_per_second=tokens_per_second))  # fmt: skip
 
     # --8<-- [end:checkpoint_and_eval]
 
     # --8<-- [start:loop]
     if step == 0:
-        log_heldout()  # the untrained model's score: about ln(vocab_size)
-    tokens_per_step = cfg.batch_size * data.train.block_size
+        show_heldout()  # the untrained model's score: about ln(vocab_size)
+    tokens_per_step = cfg.global_batch_size * data.train.block_size
     hide_bar = None if cfg.progress is None else not cfg.progress  # None: tqdm decides (tty)
     bar = tqdm(
-        total=stop_at, initial=step, disable=hide_bar, desc="training", unit="step", leave=False
-    )
+        total=plan.stop_at, initial=step, disable=hide_bar, desc="training", unit="step",
+        leave=False,
+    )  # fmt: skip
     start, trained_seconds, first_step = time.perf_counter(), 0.0, step
     final = None
-    while step < stop_at:
-        epoch, batch_in_epoch = divmod(step, steps_per_epoch)
-        batches = epoch_batches(len(data.train), cfg.batch_size, seed=cfg.seed, epoch=epoch)
+    while step < plan.stop_at:
+        epoch, batch_in_epoch = plan.position(step)
+        batches = epoch_batches(len(data.train), cfg.global_batch_size, seed=cfg.seed, epoch=epoch)
         for indices in batches[batch_in_epoch:]:
             t0 = time.perf_counter()
             x, y = get_batch(data.train, indices, device)
-            lr = lr_at(step, cfg, total_steps)
+            lr = lr_at(step, cfg, plan.total_steps)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             _, loss = model(x, y)  # forward: builds the autograd graph
@@ -297,13 +277,13 @@ def train(
             )
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.3f}")
-            if step % cfg.eval_every == 0 or step == total_steps:  # not at an early stop:
-                log_heldout(
+            if step % cfg.eval_every == 0 or step == plan.total_steps:  # not at an early stop:
+                show_heldout(
                     (step - first_step) * tokens_per_step / trained_seconds
                 )  # resumes match
-            if step % cfg.checkpoint_every == 0 or step == stop_at:
+            if step % cfg.checkpoint_every == 0 or step == plan.stop_at:
                 final = checkpoint()
-            if step == stop_at:
+            if step == plan.stop_at:
                 break
     bar.close()
     logger.close()

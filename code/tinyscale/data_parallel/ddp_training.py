@@ -21,12 +21,13 @@ from torch.utils.data import Dataset, DistributedSampler, Subset
 
 from tinyscale.comm.dist import DistEnv
 from tinyscale.core.checkpoint import save_checkpoint
+from tinyscale.core.data import get_batch
 from tinyscale.core.errors import UsageError
-from tinyscale.core.training import TrainConfig, get_batch
+from tinyscale.core.training import StepPlan, TrainConfig, plan_steps
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class BatchPlan:
+class BatchSplit:
     """How one optimizer step's global batch is cut up: global = micro x accum x world."""
 
     global_batch_size: int  # samples per optimizer step, summed over every rank
@@ -64,7 +65,7 @@ class BatchPlan:
 
 # --8<-- [start:sampler]
 def make_sampler(
-    dataset: Dataset, env: DistEnv, plan: BatchPlan, *, seed: int
+    dataset: Dataset, env: DistEnv, split: BatchSplit, *, seed: int
 ) -> DistributedSampler:
     """This rank's shard of the data: every world_size-th sample of one shared permutation.
 
@@ -86,16 +87,16 @@ def make_sampler(
         seed=seed,
         drop_last=True,
     )
-    if len(sampler) < plan.per_rank_batch_size:
+    if len(sampler) < split.per_rank_batch_size:
         raise UsageError(
             f"each of the {env.world_size} ranks gets {len(sampler)} samples, fewer than its "
-            f"{plan.per_rank_batch_size} per step: lower --global-batch-size"
+            f"{split.per_rank_batch_size} per step: lower --global-batch-size"
         )
     return sampler
 
 
-def rank_batches(sampler: DistributedSampler, plan: BatchPlan, epoch: int) -> list[torch.Tensor]:
-    """This rank's batches for one epoch, each of plan.per_rank_batch_size sample indices.
+def rank_batches(sampler: DistributedSampler, split: BatchSplit, epoch: int) -> list[torch.Tensor]:
+    """This rank's batches for one epoch, each of split.per_rank_batch_size sample indices.
 
     set_epoch reseeds the shared permutation: without it every epoch repeats the first
     epoch's order. Shard k of every rank together make global batch k of a single process
@@ -103,8 +104,14 @@ def rank_batches(sampler: DistributedSampler, plan: BatchPlan, epoch: int) -> li
     """
     sampler.set_epoch(epoch)
     indices = torch.tensor(list(sampler))  # (len(sampler),)
-    usable = len(indices) - len(indices) % plan.per_rank_batch_size
-    return list(indices[:usable].split(plan.per_rank_batch_size))
+    usable = len(indices) - len(indices) % split.per_rank_batch_size
+    return list(indices[:usable].split(split.per_rank_batch_size))
+
+
+def rank_step_plan(sampler: DistributedSampler, split: BatchSplit, cfg: TrainConfig) -> StepPlan:
+    """Lab 1's step plan, for a rank that reads its shard of every batch through ``sampler``."""
+    batches = len(rank_batches(sampler, split, epoch=0))  # the same on every rank
+    return plan_steps(batches, cfg, samples=len(sampler.dataset))  # type: ignore[arg-type]
 
 
 # --8<-- [end:sampler]
@@ -171,38 +178,21 @@ def gather_rng_states(device: torch.device) -> dict[str, list[torch.Tensor] | No
     return {"rng_cpu": cpu, "rng_device": cuda}
 
 
-def save_ranked_checkpoint(
-    state: dict[str, Any], path: Path, env: DistEnv, device: torch.device
-) -> Path:
-    """Rank 0 writes (the weights are the same everywhere); the others wait at a barrier.
+def save_replicated(state: dict[str, Any], path: Path, env: DistEnv, device: torch.device) -> Path:
+    """Save what every rank holds alike, once: rank 0 writes, the others wait at a barrier.
 
-    All ranks must call this: gathering the RNG states and the barrier are collectives.
-    After the barrier the file exists for everyone, so no rank races ahead of it.
+    The weights and the optimizer state are replicated (the same on every rank), so one
+    file holds them; each rank's own RNG state goes in beside them, restored by rank
+    (``restore_training_state(..., rank=)``). All ranks must call this: gathering the RNG
+    states and the barrier are collectives. After the barrier the file exists for
+    everyone, so no rank races ahead of it. (Session C's ``save_ranked`` is the other
+    protocol: every rank writes its own file, for states that differ between ranks.)
     """
     state = {**state, **gather_rng_states(device), "world_size": env.world_size}
     if env.is_main:
         save_checkpoint(state, path)
     dist.barrier()  # bounded by the process group's timeout, like every collective
     return path
-
-
-def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    """The newest step_*.pt in <output_dir>/checkpoints, or None (what --resume auto picks)."""
-    found = sorted(Path(output_dir, "checkpoints").glob("step_*.pt"))
-    return found[-1] if found else None
-
-
-def restore_rng(state: dict[str, Any], env: DistEnv, device: torch.device) -> None:
-    """Put back this rank's RNG state, so its dropout masks continue where they stopped."""
-    torch.set_rng_state(state["rng_cpu"][env.rank])
-    if device.type == "cuda" and state["rng_device"] is not None:
-        torch.cuda.set_rng_state(state["rng_device"][env.rank], device)
-
-
-def steps_and_total(num_batches_per_epoch: int, cfg: TrainConfig) -> tuple[int, int]:
-    """(total steps of the schedule, the step this run stops at)."""
-    total = cfg.epochs * num_batches_per_epoch
-    return total, min(total, cfg.max_steps or total)
 
 
 def tokens_per_second(tokens: float, seconds: float) -> float:

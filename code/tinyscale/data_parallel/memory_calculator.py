@@ -2,7 +2,7 @@
 """Bytes per rank for a model config, a precision, a world size and a ZeRO stage.
 
     python -m tinyscale.data_parallel.memory_calculator --config code/config/config.json \\
-        --precision bf16-mixed --world-size 4 --stage 2 --micro-batch 8
+        --precision bf16 --world-size 4 --stage 2 --micro-batch 8
 
 Model states follow the ZeRO paper (Rajbhandari et al. 2020, arXiv:1910.02054, §3.1 and
 Figure 1): K bytes per parameter of optimizer state, divided by N from stage 1, the
@@ -17,8 +17,7 @@ from tinyscale.core.config import ModelConfig, load_model_config
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.memory import RECIPES, StateBytes, human_bytes
 from tinyscale.core.model import count_parameters
-
-PRECISIONS = {"fp32": "fp32", "bf16-mixed": "mixed"}  # CLI name -> memory.RECIPES key
+from tinyscale.core.precision import PRECISIONS, check_precision
 
 # --8<-- [end:header]
 
@@ -42,7 +41,7 @@ def zero_state_bytes(
     """Model-state bytes one rank holds: (weights, gradients, optimizer) / N where sharded.
 
     fp32:        4Ψ + 4Ψ + 8Ψ  (Adam's two moments)
-    bf16-mixed:  2Ψ + 2Ψ + 12Ψ (fp32 master weights and moments): the paper's 16Ψ,
+    bf16, fp16:  2Ψ + 2Ψ + 12Ψ (fp32 master weights and moments): the paper's 16Ψ,
     so ZeRO-1 = 4Ψ + 12Ψ/N, ZeRO-2 = 2Ψ + 14Ψ/N, ZeRO-3 = 16Ψ/N.
 
     Hybrid sharding (HSDP) shards over groups of `shard_size` ranks and replicates across
@@ -50,12 +49,11 @@ def zero_state_bytes(
     """
     if stage not in (0, 1, 2, 3):
         raise UsageError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage!r}")
-    if precision not in PRECISIONS:
-        raise UsageError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    check_precision(precision)
     if world_size < 1:
         raise UsageError(f"world size must be at least 1, got {world_size}")
     n = check_shard_size(world_size, shard_size)
-    weights, grads, optimizer = RECIPES[PRECISIONS[precision]]
+    weights, grads, optimizer = RECIPES[precision]
     return StateBytes(
         params=round(weights * num_params / (n if stage >= 3 else 1)),
         grads=round(grads * num_params / (n if stage >= 2 else 1)),
@@ -81,7 +79,7 @@ def activation_bytes_estimate(
     """
     b, s, h, i = micro_batch, seq_len, cfg.hidden_size, cfg.intermediate_size
     a, vocab, layers = cfg.num_attention_heads, cfg.vocab_size, cfg.num_hidden_layers
-    act = 2 if precision == "bf16-mixed" else 4  # matmul outputs run in bf16 under autocast
+    act = 4 if check_precision(precision) == "fp32" else 2  # matmul outputs: 16-bit under autocast
     fp32 = 4  # norm statistics, log-sum-exp and log-softmax stay in fp32
     block = act * (8 * b * s * h + 2 * b * s * i) + fp32 * (4 * b * s + b * a * s)
     head = act * 2 * b * s * h + fp32 * (2 * b * s + b * s * vocab)
@@ -127,7 +125,7 @@ def estimate(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = ArgumentParser(description="Predict bytes per rank: model states + activations.")
     parser.add_argument("--config", default="code/config/config.json")
-    parser.add_argument("--precision", choices=list(PRECISIONS), default="fp32")
+    parser.add_argument("--precision", choices=PRECISIONS, default="fp32")
     parser.add_argument("--world-size", type=int, default=1)
     parser.add_argument("--stage", type=int, default=0, help="ZeRO stage 0-3")
     parser.add_argument("--micro-batch", type=int, default=1)

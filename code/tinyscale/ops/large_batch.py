@@ -24,18 +24,10 @@ import torch
 
 from tinyscale.core.accumulation import scaled_lr
 from tinyscale.core.config import ModelConfig
-from tinyscale.core.data import LMData, build_datasets
+from tinyscale.core.data import LMData, build_datasets, epoch_batches, get_batch
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.model import TinyTransformer
-from tinyscale.core.training import (
-    TrainConfig,
-    epoch_batches,
-    evaluate,
-    get_batch,
-    lr_at,
-    make_optimizer,
-    seed_everything,
-)
+from tinyscale.core.training import TrainConfig, evaluate, lr_at, make_optimizer, seed_everything
 
 # --8<-- [end:header]
 
@@ -110,7 +102,7 @@ def train_recipe(recipe: Recipe, data: LMData, *, samples: int, seed: int = 0) -
         )
     seed_everything(seed)
     model = TinyTransformer(ModelConfig(max_position_embeddings=data.train.block_size))
-    cfg = TrainConfig(batch_size=recipe.batch_size, lr=recipe.lr, seed=seed,
+    cfg = TrainConfig(global_batch_size=recipe.batch_size, lr=recipe.lr, seed=seed,
                       warmup_steps=round(recipe.warmup_fraction * steps))  # fmt: skip
     optimizer = make_optimizer(model, cfg)
     batches = epoch_batches(len(data.train), recipe.batch_size, seed=seed, epoch=0)

@@ -127,7 +127,7 @@ def test_bad_configs_are_one_line(tmp_path: Path, text: str, message: str) -> No
 
 
 def test_unknown_precision() -> None:
-    with pytest.raises(UsageError, match="unknown precision 'fp8': use one of config, fp32"):
+    with pytest.raises(UsageError, match="unknown precision 'fp8': use one of fp32, bf16, fp16"):
         with_precision({}, "fp8")
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from conftest import ROOT
+from helpers import ROOT
 from tinyscale.compat.deepspeed_costs import (
     TrafficCounter,
     main,
@@ -41,7 +41,7 @@ def test_zero_bytes_per_rank_on_64_gpus(stage: int, per_param: float) -> None:
 
 
 def test_stage_0_is_the_mixed_precision_estimate_of_session_a() -> None:
-    assert zero_bytes(PSI, stage=0, world_size=8) == model_state_bytes(PSI, "mixed")
+    assert zero_bytes(PSI, stage=0, world_size=8) == model_state_bytes(PSI, "bf16")
 
 
 def test_one_rank_saves_nothing() -> None:

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from conftest import recorded_output
+from helpers import recorded_output
 from tinyscale.compat.deepspeed_costs import TRAFFIC_TOLERANCE, zero_traffic
 from tinyscale.compat.zero_vs_deepspeed import STAGES, main
 from tinyscale.core.config import preset

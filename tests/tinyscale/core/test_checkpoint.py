@@ -199,3 +199,18 @@ def test_describe_checkpoint_lists_tensors_and_their_bytes(tmp_path: Path) -> No
 
 def _bytes_of(line: str) -> re.Match[str] | None:
     return re.search(r"([\d,]+) B$", line)
+
+
+def test_latest_checkpoint_is_the_newest_complete_one(tmp_path: Path) -> None:
+    assert ckpt.latest_checkpoint(tmp_path / "none") is None
+    for step in (5, 40, 10):
+        (tmp_path / f"step_{step:06d}.pt").touch()  # files are complete once they have a name
+    assert ckpt.latest_checkpoint(tmp_path).name == "step_000040.pt"
+    (tmp_path / "step_000050").mkdir()  # several ranks' files, no manifest yet: incomplete
+    (tmp_path / "step_000050" / "rank_00000.pt").touch()
+    assert ckpt.latest_checkpoint(tmp_path).name == "step_000040.pt"
+    (tmp_path / "step_000050" / ckpt.MANIFEST).touch()  # written last: now it counts
+    assert ckpt.latest_checkpoint(tmp_path).name == "step_000050"
+    (tmp_path / "step_000060").mkdir()
+    (tmp_path / "step_000060" / ".metadata").touch()  # DCP's manifest
+    assert ckpt.latest_checkpoint(tmp_path).name == "step_000060"

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 from tinyscale.core.config import (
     DEFAULT_CONFIG_PATH,
     PRESETS,

@@ -16,6 +16,7 @@ from tinyscale.core.memory import (
     model_state_bytes,
 )
 from tinyscale.core.model import TinyTransformer
+from tinyscale.core.precision import PRECISIONS
 
 CFG = preset("tiny", dropout=0.1)  # with dropout: its masks are saved activations too
 
@@ -41,8 +42,9 @@ def test_measured_state_bytes_equal_the_fp32_formula() -> None:
 
 
 def test_model_state_bytes_recipes() -> None:
-    assert RECIPES["fp32"] == (4, 4, 8) and sum(RECIPES["mixed"]) == 16
-    assert model_state_bytes(1000, "mixed") == StateBytes(2000, 2000, 12000)
+    assert RECIPES["fp32"] == (4, 4, 8) and sum(RECIPES["bf16"]) == 16
+    assert set(RECIPES) == set(PRECISIONS)  # one vocabulary for runs and formulas
+    assert model_state_bytes(1000, "bf16") == StateBytes(2000, 2000, 12000)
     assert model_state_bytes(7e9).total == 16 * 7 * 10**9
     assert str(model_state_bytes(1024, "fp32")) == (
         "weights 4.0 KiB + gradients 4.0 KiB + optimizer 8.0 KiB = 16.0 KiB"

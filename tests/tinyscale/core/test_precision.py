@@ -70,7 +70,7 @@ def test_fp32_is_a_no_op_context() -> None:
     ("device", "precision", "fix"),
     [
         ("cpu", "fp16", "use bf16 on CPU"),
-        ("cpu", "fp8", "choose one of fp32, bf16, fp16"),
+        ("cpu", "fp8", "use one of fp32, bf16, fp16"),
         ("meta", "bf16", "use fp32"),
     ],
 )

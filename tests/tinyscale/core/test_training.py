@@ -4,50 +4,18 @@ per-epoch shuffle, evaluation, and the AdamW parameter groups.
 
 import itertools
 import math
+from pathlib import Path
 
 import pytest
 import torch
 
 from tinyscale.core.config import preset
-from tinyscale.core.data import TokenBlocks
+from tinyscale.core.data import TokenBlocks, epoch_batches, get_batch
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import TinyTransformer
-from tinyscale.core.training import (
-    DEVICES,
-    TrainConfig,
-    epoch_batches,
-    evaluate,
-    get_batch,
-    lr_at,
-    make_optimizer,
-    select_device,
-)
+from tinyscale.core.training import TrainConfig, evaluate, lr_at, make_optimizer, plan_steps
 
 CFG = preset("micro", num_hidden_layers=2)
-
-
-def test_select_device_cpu_and_auto() -> None:
-    assert select_device("cpu") == torch.device("cpu")
-    assert select_device("auto").type in {"cpu", "cuda", "mps"}
-    if not torch.cuda.is_available() and not torch.backends.mps.is_available():
-        assert select_device("auto") == torch.device("cpu")
-        assert select_device() == torch.device("cpu")
-
-
-def test_select_device_unknown_name_lists_valid_names() -> None:
-    with pytest.raises(UsageError) as info:
-        select_device("gpu")
-    message = str(info.value)
-    assert "\n" not in message and "'gpu'" in message
-    assert all(name in message for name in DEVICES)
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
-def test_select_device_cuda_without_a_gpu() -> None:
-    with pytest.raises(UsageError) as info:
-        select_device("cuda")
-    message = str(info.value)
-    assert "\n" not in message and "not available" in message and "--device auto or cpu" in message
 
 
 def test_lr_warmup_then_cosine_decay() -> None:
@@ -82,7 +50,7 @@ def test_lr_without_warmup_starts_at_peak() -> None:
     ("field", "flag"),
     [
         ("epochs", "--epochs"),
-        ("batch_size", "--batch-size"),
+        ("global_batch_size", "--global-batch-size"),
         ("eval_every", "--eval-every"),
         ("checkpoint_every", "--checkpoint-every"),
         ("max_steps", "--max-steps"),
@@ -112,10 +80,37 @@ def test_train_config_rejects_bad_schedule(kwargs: dict[str, float]) -> None:
         TrainConfig(**kwargs)
 
 
+def test_a_file_where_a_directory_goes_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "runs").write_text("not a directory")
+    for field, flag in (("output_dir", "--output-dir"), ("log_dir", "--log-dir")):
+        with pytest.raises(UsageError) as info:
+            TrainConfig(**{field: str(tmp_path / "runs")})
+        message = str(info.value)
+        assert "\n" not in message and message.startswith(f"{flag} ") and "is a file" in message
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [({"precision": "fp8"}, "unknown precision 'fp8'"), ({"device": "gpu"}, "unknown device")],
+)
+def test_train_config_names_the_choices(kwargs: dict[str, str], words: str) -> None:
+    with pytest.raises(UsageError, match=words):
+        TrainConfig(**kwargs)
+
+
+def test_the_step_plan_of_a_run_stopped_early() -> None:
+    plan = plan_steps(30, TrainConfig(epochs=2, max_steps=45), samples=480)
+    assert (plan.steps_per_epoch, plan.total_steps, plan.stop_at) == (30, 60, 45)
+    assert plan.position(0) == (0, 0) and plan.position(31) == (1, 1)
+    assert plan_steps(30, TrainConfig(epochs=2), samples=480).stop_at == 60
+    with pytest.raises(UsageError, match="no full step in an epoch of 8 training samples"):
+        plan_steps(0, TrainConfig(global_batch_size=16), samples=8)
+
+
 def test_train_config_defaults_are_valid() -> None:
     cfg = TrainConfig()
     assert cfg.epochs > 0 and cfg.max_steps is None
-    TrainConfig(max_steps=1, epochs=1, batch_size=1, eval_every=1, checkpoint_every=1)
+    TrainConfig(max_steps=1, epochs=1, global_batch_size=1, eval_every=1, checkpoint_every=1)
 
 
 def test_epoch_batches_deterministic_and_fresh_each_epoch() -> None:

@@ -1,7 +1,7 @@
 """tinyscale.data_parallel.ddp_training without a process group: the batch arithmetic, the shards, and
 gradient accumulation.
 
-- BatchPlan: global = micro x accum x world, and a global batch that does not divide
+- BatchSplit: global = micro x accum x world, and a global batch that does not divide
   is a one-line UsageError that names two valid sizes.
 - rank_batches: step k's shards of every rank, put together, are exactly step k's batch
   of a single process reading the same permutation — the premise of the DDP parity test.
@@ -18,8 +18,7 @@ from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel.ddp_training import (
-    BatchPlan,
-    latest_checkpoint,
+    BatchSplit,
     make_sampler,
     rank_batches,
 )
@@ -44,7 +43,7 @@ def env(rank: int, world: int) -> DistEnv:
     "global_batch,accum,world,micro", [(32, 1, 1, 32), (32, 1, 2, 16), (32, 2, 2, 8), (32, 1, 4, 8)]
 )
 def test_effective_batch_formula(global_batch: int, accum: int, world: int, micro: int) -> None:
-    plan = BatchPlan(global_batch_size=global_batch, grad_accum_steps=accum, world_size=world)
+    plan = BatchSplit(global_batch_size=global_batch, grad_accum_steps=accum, world_size=world)
     assert plan.micro_batch_size == micro
     assert plan.micro_batch_size * plan.grad_accum_steps * plan.world_size == global_batch
     assert plan.per_rank_batch_size == micro * accum
@@ -52,20 +51,20 @@ def test_effective_batch_formula(global_batch: int, accum: int, world: int, micr
 
 def test_a_global_batch_that_does_not_divide_is_refused() -> None:
     with pytest.raises(UsageError) as err:
-        BatchPlan(global_batch_size=30, grad_accum_steps=1, world_size=4)
+        BatchSplit(global_batch_size=30, grad_accum_steps=1, world_size=4)
     assert str(err.value) == (
         "--global-batch-size 30 is not divisible by world size 4 x --grad-accum-steps 1 = 4: "
         "use a multiple of 4, e.g. 28 or 32"
     )
     with pytest.raises(UsageError, match="must be positive"):
-        BatchPlan(global_batch_size=32, grad_accum_steps=0, world_size=2)
+        BatchSplit(global_batch_size=32, grad_accum_steps=0, world_size=2)
 
 
 @pytest.mark.parametrize("world,accum", [(2, 1), (4, 1), (2, 2)])
 def test_shards_of_a_step_make_the_single_process_batch(world: int, accum: int) -> None:
     data = list(range(103))
-    single_plan = BatchPlan(global_batch_size=16, grad_accum_steps=1, world_size=1)
-    plan = BatchPlan(global_batch_size=16, grad_accum_steps=accum, world_size=world)
+    single_plan = BatchSplit(global_batch_size=16, grad_accum_steps=1, world_size=1)
+    plan = BatchSplit(global_batch_size=16, grad_accum_steps=accum, world_size=world)
     for epoch in (0, 1):
         single = rank_batches(
             make_sampler(data, env(0, 1), single_plan, seed=3), single_plan, epoch
@@ -82,14 +81,14 @@ def test_shards_of_a_step_make_the_single_process_batch(world: int, accum: int) 
 
 
 def test_more_processes_than_samples_is_refused() -> None:
-    plan = BatchPlan(global_batch_size=8, grad_accum_steps=1, world_size=8)
+    plan = BatchSplit(global_batch_size=8, grad_accum_steps=1, world_size=8)
     with pytest.raises(UsageError, match="8 processes but only 5 training samples"):
         make_sampler(list(range(5)), env(0, 8), plan, seed=0)  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="lower --global-batch-size"):
         make_sampler(
             list(range(20)),
             env(0, 2),
-            BatchPlan(global_batch_size=32, grad_accum_steps=1, world_size=2),
+            BatchSplit(global_batch_size=32, grad_accum_steps=1, world_size=2),
             seed=0,
         )  # type: ignore[arg-type]
 
@@ -112,11 +111,3 @@ def test_accumulated_micro_batches_equal_one_big_batch() -> None:
     assert worst < GRAD_TOLERANCE, worst
     # Without dividing by k the gradients would be k times too large: the test can fail.
     assert max(g.abs().max().item() for g in grads[1][1]) > 100 * GRAD_TOLERANCE
-
-
-def test_latest_checkpoint_picks_the_highest_step(tmp_path) -> None:
-    assert latest_checkpoint(tmp_path) is None
-    (tmp_path / "checkpoints").mkdir()
-    for step in (5, 40, 10):
-        (tmp_path / "checkpoints" / f"step_{step:06d}.pt").touch()
-    assert latest_checkpoint(tmp_path).name == "step_000040.pt"

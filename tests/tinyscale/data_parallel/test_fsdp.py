@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from conftest import recorded_output
+from helpers import recorded_output
 from tinyscale.core.config import preset
 from tinyscale.core.errors import run_cli
 from tinyscale.core.model import count_parameters

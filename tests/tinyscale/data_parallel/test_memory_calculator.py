@@ -56,7 +56,7 @@ def test_fp32_activation_estimate_is_exactly_what_autograd_saves(cfg, b, s) -> N
 def test_bf16_estimate_is_a_lower_bound_of_cpu_autocast() -> None:
     """CPU autocast keeps fp32 and bf16 copies side by side: more than the pure-bf16 count."""
     cfg, b, s = CONFIGS[0]
-    est = activation_bytes_estimate(cfg, micro_batch=b, seq_len=s, precision="bf16-mixed")
+    est = activation_bytes_estimate(cfg, micro_batch=b, seq_len=s, precision="bf16")
     assert est < measured(cfg, b, s, bf16=True)
     assert est < activation_bytes_estimate(cfg, micro_batch=b, seq_len=s)
 
@@ -64,7 +64,7 @@ def test_bf16_estimate_is_a_lower_bound_of_cpu_autocast() -> None:
 @pytest.mark.parametrize("n", [1, 2, 8, 64])
 def test_mixed_precision_stages_are_the_papers_formulas(n) -> None:
     psi = 7_500_000_000  # the paper's 7.5 B example (Figure 1)
-    got = [zero_state_bytes(psi, stage=s, world_size=n, precision="bf16-mixed").total
+    got = [zero_state_bytes(psi, stage=s, world_size=n, precision="bf16").total
            for s in range(4)]  # fmt: skip
     want = [16 * psi, 4 * psi + 12 * psi / n, 2 * psi + 14 * psi / n, 16 * psi / n]
     assert got == pytest.approx(want, abs=2)
@@ -73,7 +73,7 @@ def test_mixed_precision_stages_are_the_papers_formulas(n) -> None:
 def test_paper_figure_1_numbers() -> None:
     """7.5 B parameters on 64 GPUs: 120 GB, 31.4 GB, 16.6 GB, 1.88 GB (decimal GB)."""
     psi, n = 7.5e9, 64
-    totals = [zero_state_bytes(psi, stage=s, world_size=n, precision="bf16-mixed").total / 1e9
+    totals = [zero_state_bytes(psi, stage=s, world_size=n, precision="bf16").total / 1e9
               for s in range(4)]  # fmt: skip
     assert [round(t, 2) for t in totals] == [120.0, 31.41, 16.64, 1.88]
 
@@ -89,23 +89,23 @@ def test_deepspeed_estimators_add_an_fp32_gradient_copy(n) -> None:
 
     psi, largest = 10_000_000, 400_000
     _, ds2 = estimate_zero2_model_states_mem_needs(psi, num_gpus_per_node=n, cpu_offload=False)
-    ours2 = zero_state_bytes(psi, stage=2, world_size=n, precision="bf16-mixed").total
+    ours2 = zero_state_bytes(psi, stage=2, world_size=n, precision="bf16").total
     assert ds2 - ours2 == pytest.approx(4 * psi / n, abs=2)
     _, ds3, _ = estimate_zero3_model_states_mem_needs(
         psi, largest, num_gpus_per_node=n, cpu_offload=False
     )
-    ours3 = zero_state_bytes(psi, stage=3, world_size=n, precision="bf16-mixed").total
+    ours3 = zero_state_bytes(psi, stage=3, world_size=n, precision="bf16").total
     assert ds3 - ours3 == pytest.approx(4 * largest + 2 * psi / n, abs=2)
 
 
 def test_cli_prints_every_component_and_the_total(capsys) -> None:
-    argv = ["--precision", "bf16-mixed", "--world-size", "4", "--stage", "2",
+    argv = ["--precision", "bf16", "--world-size", "4", "--stage", "2",
             "--micro-batch", "8"]  # fmt: skip
     assert main(argv) == 0
     out = capsys.readouterr().out
     psi = count_parameters(ModelConfig())
-    r = estimate(ModelConfig(), precision="bf16-mixed", world_size=4, stage=2, micro_batch=8)
-    assert f"{psi:,} parameters, bf16-mixed, ZeRO-2, 4 ranks" in out
+    r = estimate(ModelConfig(), precision="bf16", world_size=4, stage=2, micro_batch=8)
+    assert f"{psi:,} parameters, bf16, ZeRO-2, 4 ranks" in out
     assert f"{2 * psi:,} B" in out  # bf16 weights, not sharded at stage 2
     assert f"{r.total:,} B" in out and "activations" in out
 
@@ -113,9 +113,9 @@ def test_cli_prints_every_component_and_the_total(capsys) -> None:
 @pytest.mark.parametrize("stage", [1, 2, 3])
 def test_hybrid_sharding_divides_by_the_group_not_the_world(stage) -> None:
     """HSDP over 2 groups of 4 holds what ZeRO over 4 ranks holds: replicas add no sharding."""
-    hybrid = zero_state_bytes(1e9, stage=stage, world_size=8, shard_size=4, precision="bf16-mixed")
-    assert hybrid == zero_state_bytes(1e9, stage=stage, world_size=4, precision="bf16-mixed")
-    full = zero_state_bytes(1e9, stage=stage, world_size=8, precision="bf16-mixed")
+    hybrid = zero_state_bytes(1e9, stage=stage, world_size=8, shard_size=4, precision="bf16")
+    assert hybrid == zero_state_bytes(1e9, stage=stage, world_size=4, precision="bf16")
+    full = zero_state_bytes(1e9, stage=stage, world_size=8, precision="bf16")
     assert hybrid.optimizer == 2 * full.optimizer  # sharded over 4, not 8
 
 
@@ -134,5 +134,5 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys) -> None:
 
 
 def test_unknown_precision_in_the_api_names_the_choices() -> None:
-    with pytest.raises(UsageError, match="precision must be one of fp32, bf16-mixed"):
-        zero_state_bytes(1000, stage=0, world_size=1, precision="fp16")
+    with pytest.raises(UsageError, match=r"unknown precision .*: use one of fp32, bf16, fp16"):
+        zero_state_bytes(1000, stage=0, world_size=1, precision="int4")

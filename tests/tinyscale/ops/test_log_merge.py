@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 from tinyscale.comm.launch import free_port
 from tinyscale.core.errors import UsageError, run_cli
 from tinyscale.ops.log_merge import format_table, format_timeline, main, merge

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 from tinyscale.comm.launch import free_port, run_on_ranks
 from tinyscale.core.errors import UsageError
 from tinyscale.ops.multinode import (
