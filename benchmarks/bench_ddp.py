@@ -12,7 +12,6 @@ table and the bucket-size plot on docs/week-1/ddp-from-scratch.md.
 import functools
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -20,10 +19,12 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # spawned ranks import this file
 
+from timing import rates_by_round
+
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.config import preset
 from tinyscale.core.model import TinyTransformer
-from tinyscale.data_parallel.ddp import NaiveDDP, rank_batch
+from tinyscale.data_parallel.ddp import NaiveDDP, random_batch
 from tinyscale.data_parallel.ddp_buckets import BucketedDDP, OverlappedDDP
 
 # Big enough that gradients (4.2 M parameters, 16 MB) take real time to all-reduce,
@@ -63,7 +64,7 @@ def measure(specs: dict[str, tuple[str, float]], rounds: int, steps: int) -> dic
         models[name] = model = wrap(kind, TinyTransformer(CFG), cap)
         model.module.load_state_dict(base.state_dict())
         opts[name] = torch.optim.SGD(model.parameters(), lr=1e-3)
-    batch = rank_batch(CFG, batch_size=BATCH, seq_len=SEQ, step=0, seed=0)
+    batch = random_batch(CFG, batch_size=BATCH, seq_len=SEQ, step=0, seed=0)
 
     def step(name: str) -> None:
         _, loss = models[name](*batch)
@@ -73,20 +74,10 @@ def measure(specs: dict[str, tuple[str, float]], rounds: int, steps: int) -> dic
         opts[name].step()
         opts[name].zero_grad(set_to_none=True)
 
-    for name in specs:
-        for _ in range(WARMUP):
-            step(name)
-    tokens = dist.get_world_size() * BATCH * SEQ * steps
-    rates: dict[str, list[float]] = {name: [] for name in specs}
-    for _ in range(rounds):
-        for name in specs:
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                step(name)
-            elapsed = torch.tensor(time.perf_counter() - t0)
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-            rates[name].append(tokens / elapsed.item())
+    rates = rates_by_round(
+        {name: functools.partial(step, name) for name in specs}, rounds=rounds,
+        steps_per_round=steps, warmup=WARMUP, tokens_per_step=dist.get_world_size() * BATCH * SEQ,
+    )  # fmt: skip
     params = sum(p.numel() for p in base.parameters())
     return {"rates": rates, "params": params, "grad_mb": params * 4 / 2**20}
 

@@ -10,21 +10,21 @@ the four compute the same thing (fp32); this measures what each costs on a CPU.
 
 import contextlib
 import copy
+import functools
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # spawned ranks import this file
 
 from bench_zero import BATCH, CFG, SEQ, WORLD  # the same model and batch as our ZeRO's bench
+from timing import rates_by_round
 
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.model import TinyTransformer
-from tinyscale.data_parallel.ddp import rank_batch
+from tinyscale.data_parallel.ddp import random_batch
 from tinyscale.data_parallel.fsdp import make_mesh, shard_model
 from tinyscale.data_parallel.zero import ZeRO
 
@@ -66,22 +66,11 @@ def measure(rounds: int = ROUNDS, steps: int = STEPS) -> dict[str, list[float]]:
     base = TinyTransformer(CFG)
     with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed prints; keep stdout for the table
         steppers = {name: build(name, base) for name in VARIANTS}
-    x, y = rank_batch(CFG, batch_size=BATCH, seq_len=SEQ, step=0, seed=0)
-    for step in steppers.values():
-        for _ in range(WARMUP):
-            step(x, y)
-    tokens = WORLD * BATCH * SEQ * steps
-    rates: dict[str, list[float]] = {name: [] for name in VARIANTS}
-    for _ in range(rounds):
-        for name, step in steppers.items():
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                step(x, y)
-            elapsed = torch.tensor(time.perf_counter() - t0)
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-            rates[name].append(tokens / elapsed.item())
-    return rates
+    x, y = random_batch(CFG, batch_size=BATCH, seq_len=SEQ, step=0, seed=0)
+    return rates_by_round(
+        {name: functools.partial(step, x, y) for name, step in steppers.items()},
+        rounds=rounds, steps_per_round=steps, warmup=WARMUP, tokens_per_step=WORLD * BATCH * SEQ,
+    )  # fmt: skip
 
 
 def main() -> None:

@@ -6,12 +6,12 @@ Two ranks (gloo over loopback, one thread each) train the same TinyTransformer w
 ZeRO stages 0 (DDP), 1, 2 and 3 (tinyscale.data_parallel.zero). All four live in the same two
 processes and the rounds interleave them, so machine noise hits them alike; each
 figure is the median over rounds. Bytes per step are counted by wrapping the
-collectives (tinyscale.data_parallel.zero_vs_ddp.counting_collectives), as in the tests.
+collectives (tinyscale.comm.counter.CollectiveCounter), as in the tests.
 """
 
+import functools
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -19,12 +19,14 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # spawned ranks import this file
 
+from timing import rates_by_round
+
+from tinyscale.comm.counter import CollectiveCounter
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.config import preset
 from tinyscale.core.model import TinyTransformer
-from tinyscale.data_parallel.ddp import rank_batch
-from tinyscale.data_parallel.zero import STAGES, ZeRO
-from tinyscale.data_parallel.zero_vs_ddp import counting_collectives, ring_bytes_sent
+from tinyscale.data_parallel.ddp import random_batch
+from tinyscale.data_parallel.zero import ZERO_STAGES, ZeRO
 
 CFG = preset("bench")
 BATCH, SEQ, WORLD = 4, 32, 2
@@ -35,10 +37,10 @@ def measure(rounds: int = ROUNDS, steps: int = STEPS) -> dict:
     """On every rank: tokens/s per stage and round (the slowest rank's time), bytes per step."""
     torch.manual_seed(0)
     zeros = {}
-    for stage in STAGES:
+    for stage in ZERO_STAGES:
         model = TinyTransformer(CFG)
         zeros[stage] = ZeRO(model, stage=stage, units=list(model.blocks), lr=1e-4)
-    batch = rank_batch(CFG, batch_size=BATCH, seq_len=SEQ, step=0, seed=0)
+    batch = random_batch(CFG, batch_size=BATCH, seq_len=SEQ, step=0, seed=0)
 
     def step(stage: int) -> None:
         zeros[stage](*batch)[1].backward()
@@ -46,24 +48,14 @@ def measure(rounds: int = ROUNDS, steps: int = STEPS) -> dict:
         zeros[stage].zero_grad()
 
     sent = {}
-    for stage in STAGES:
-        for _ in range(WARMUP):
+    for stage in ZERO_STAGES:
+        with CollectiveCounter() as counter:
             step(stage)
-        log: list = []
-        with counting_collectives(log):
-            step(stage)
-        sent[stage] = sum(ring_bytes_sent(op, n, ranks) for op, n, ranks in log)
-    tokens = dist.get_world_size() * BATCH * SEQ * steps
-    rates: dict[int, list[float]] = {stage: [] for stage in STAGES}
-    for _ in range(rounds):
-        for stage in STAGES:
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                step(stage)
-            elapsed = torch.tensor(time.perf_counter() - t0)
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank sets the pace
-            rates[stage].append(tokens / elapsed.item())
+        sent[stage] = counter.sent_bytes()
+    rates = rates_by_round(
+        {stage: functools.partial(step, stage) for stage in ZERO_STAGES}, rounds=rounds,
+        steps_per_round=steps, warmup=WARMUP, tokens_per_step=dist.get_world_size() * BATCH * SEQ,
+    )  # fmt: skip
     return {"rates": rates, "sent": sent}
 
 
@@ -77,7 +69,7 @@ def rows(*, rounds: int = ROUNDS, steps: int = STEPS) -> list[dict]:
             "vs_stage0": statistics.median(result["rates"][stage]) / base,
             "bytes_sent_per_step": result["sent"][stage],
         }
-        for stage in STAGES
+        for stage in ZERO_STAGES
     ]
 
 

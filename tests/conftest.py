@@ -3,9 +3,11 @@ tests/docs; shared helpers are in helpers.py, each topic's fixtures in its own c
 
 import os
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 from helpers import ROOT, load_script
 
@@ -25,6 +27,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             capture_output=True,
             timeout=120,
         )
+
+
+@pytest.fixture
+def process_group_of_one(tmp_path: Path) -> Iterator[None]:
+    """A gloo process group of this process alone (rank 0 of 1), left after the test."""
+    store = dist.FileStore(str(tmp_path / "process-group-store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.fixture(scope="session")

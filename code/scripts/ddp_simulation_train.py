@@ -27,7 +27,14 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
-from tinyscale.comm.dist import DistEnv, device_for, dist_env, distributed, rank_logger
+from tinyscale.comm.dist import (
+    DistEnv,
+    device_for,
+    dist_env,
+    distributed,
+    rank_logger,
+    rank_spread,
+)
 from tinyscale.core.accumulation import accumulate_gradients
 from tinyscale.core.checkpoint import (
     latest_checkpoint,
@@ -51,9 +58,9 @@ from tinyscale.data_parallel.ddp_training import (
     BatchSplit,
     evaluate_sharded,
     make_sampler,
+    parameter_fingerprint,
     rank_batches,
     rank_step_plan,
-    ranks_in_sync,
     save_replicated,
     tokens_per_second,
 )
@@ -236,7 +243,7 @@ def train(run: Run, data: LMData) -> dict[str, Any]:
             if not (step == args.hang_step and env.rank == args.hang_rank):  # the hang lab
                 dist.all_reduce(global_loss)  # SUM, only for the log: the mean over ranks
             last_global = global_loss.item() / env.world_size
-            sync = ranks_in_sync(model, device)  # cheap: two numbers per parameter tensor
+            sync = rank_spread(parameter_fingerprint(model).to(device))  # 0.0: all in sync
             if sync != 0.0:
                 raise RuntimeError(f"parameters diverged across ranks at step {step}: {sync}")
             if step % cfg.log_every == 0 or step == plan.stop_at:

@@ -123,7 +123,7 @@ def test_hang_report_is_a_timeout_with_the_two_ranks_in_different_collectives() 
     assert sorted(re.findall(r"rank\s+: (\d) \(local_rank", report)) == ["0", "1"]
     quoted = traceback_lines(report)
     assert "dist.all_reduce(global_loss)  # SUM, only for the log: the mean over ranks" in quoted
-    assert any(line.startswith("sync = ranks_in_sync(") for line in quoted)
+    assert any(line.startswith("sync = rank_spread(") for line in quoted)
 
 
 def test_mismatch_names_both_collectives() -> None:

@@ -6,11 +6,12 @@ recv, and what they cost. Session B, Session C and Week 1 teach these; they impo
 tinyscale.core.
 
     module          taught on
-    dist            workshop/lab-2.md, workshop/session-c.md
-    comm_model      workshop/session-b.md
+    dist            week-1/ddp-from-scratch.md, workshop/lab-2.md, workshop/session-c.md
+    comm_model      workshop/session-b.md, week-1/ddp-from-scratch.md
     launch          week-1/index.md
     workers         week-1/index.md
     collectives     week-1/collectives.md
+    counter         week-2/zero-from-scratch.md
     tree_allreduce  week-1/collectives.md
     latency         operations/nccl-network.md
 """

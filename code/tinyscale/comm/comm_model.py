@@ -22,6 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tinyscale.core.memory import MiB, nbytes
+
 
 @dataclasses.dataclass(frozen=True)
 class AllReduceRun:
@@ -176,38 +178,61 @@ def allreduce_time(
 
 
 # --8<-- [start:buckets]
-MIB = 1024 * 1024
-DEFAULT_BUCKET_CAP_MB = 25  # DDP's bucket_cap_mb
+DEFAULT_BUCKET_CAP_MB = 25  # DDP's bucket_cap_mb, in MiB as torch counts it
 DEFAULT_FIRST_BUCKET_MB = 1  # DDP's first bucket, when bucket_cap_mb is left at its default
 
 
 def assign_buckets(
+    sizes_in_bytes: Sequence[int], *, cap_bytes: int, first_cap_bytes: int | None = None
+) -> list[list[int]]:
+    """Group tensors, in the order given, into buckets; one all-reduce per bucket.
+
+    A bucket closes once it holds ``cap_bytes`` or more, so it may overshoot by one tensor
+    (and one tensor larger than the cap gets a bucket of its own): the rule of torch's
+    ``dist._compute_bucket_assignment_by_size``. ``first_cap_bytes``: a smaller cap for the
+    first bucket, as DDP's default (1 MiB): the last layer's gradients are ready first,
+    and a small bucket lets the first all-reduce start while backward is still running.
+    Returns the indices of each bucket's tensors.
+    """
+    buckets: list[list[int]] = []
+    current: list[int] = []
+    filled = 0
+    for i, size in enumerate(sizes_in_bytes):
+        current.append(i)
+        filled += size
+        cap = first_cap_bytes if first_cap_bytes is not None and not buckets else cap_bytes
+        if filled >= cap:
+            buckets.append(current)
+            current, filled = [], 0
+    if current:
+        buckets.append(current)
+    return buckets
+
+
+def ddp_bucket_plan(
     params: Sequence[tuple[str, torch.Tensor]], *, bucket_cap_mb: float | None = None
 ) -> list[list[str]]:
-    """Group gradients into buckets the way DDP does; one all-reduce per bucket.
+    """The buckets DDP builds: (name, tensor) in the order their gradients become ready —
+    the reverse of the order the forward pass uses them — cut with DDP's caps.
 
-    ``params`` are (name, tensor) in the order their gradients become ready — the reverse
-    of the order the forward pass uses them. A bucket closes once it holds at least its
-    cap (so it may overshoot by one tensor); each dtype fills its own buckets. Left at the
-    default, the first bucket is only 1 MiB: the last layer's gradients are ready first,
-    and a small bucket lets the first all-reduce start while backward is still running.
+    Each dtype fills its own buckets (a flat buffer has one dtype). Left at the default,
+    the first bucket is 1 MiB and the others 25 MiB.
     """
     if bucket_cap_mb is None:
-        caps = [DEFAULT_FIRST_BUCKET_MB * MIB, DEFAULT_BUCKET_CAP_MB * MIB]
+        caps = {
+            "cap_bytes": DEFAULT_BUCKET_CAP_MB * MiB,
+            "first_cap_bytes": DEFAULT_FIRST_BUCKET_MB * MiB,
+        }
     else:
-        caps = [int(bucket_cap_mb * MIB)]
-    done: list[list[str]] = []
-    open_: dict[object, tuple[list[str], int, int]] = {}  # dtype -> (names, bytes, cap index)
+        caps = {"cap_bytes": int(bucket_cap_mb * MiB)}
+    by_dtype: dict[torch.dtype, list[tuple[str, torch.Tensor]]] = {}
     for name, tensor in params:
-        names, nbytes, cap = open_.get(tensor.dtype, ([], 0, 0))
-        names, nbytes = [*names, name], nbytes + tensor.numel() * tensor.element_size()
-        if nbytes >= caps[cap]:
-            done.append(names)
-            open_[tensor.dtype] = ([], 0, min(cap + 1, len(caps) - 1))
-        else:
-            open_[tensor.dtype] = (names, nbytes, cap)
-    done.extend(names for names, _, _ in open_.values() if names)
-    return done
+        by_dtype.setdefault(tensor.dtype, []).append((name, tensor))
+    return [
+        [group[i][0] for i in bucket]
+        for group in by_dtype.values()
+        for bucket in assign_buckets([nbytes([t]) for _, t in group], **caps)
+    ]
 
 
 # --8<-- [end:buckets]

@@ -196,3 +196,30 @@ def rank_logger(env: DistEnv, log_dir: str | Path = "logs") -> logging.Logger:
 
 
 # --8<-- [end:logging]
+
+
+# --8<-- [start:checks]
+def require_process_group(what: str) -> None:
+    """One line instead of torch's "Default process group has not been initialized"."""
+    if not dist.is_initialized():
+        raise UsageError(
+            f"{what} needs a process group: call dist.init_process_group first "
+            "(or run under torchrun / tinyscale.comm.launch.run_on_ranks)"
+        )
+
+
+def rank_spread(tensor: torch.Tensor) -> float:
+    """The largest |x - x on rank 0| over every element and every rank: 0.0 = bit-identical.
+
+    Every rank calls it with its own copy of the same thing: the flat parameters, or a
+    cheaper fingerprint of them. Two collectives: rank 0's copy to everyone, then the
+    largest difference back to everyone.
+    """
+    rank0 = tensor.clone()
+    dist.broadcast(rank0, src=0)
+    spread = (tensor - rank0).abs().max()
+    dist.all_reduce(spread, op=dist.ReduceOp.MAX)
+    return spread.item()
+
+
+# --8<-- [end:checks]

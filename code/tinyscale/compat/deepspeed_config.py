@@ -16,9 +16,9 @@ from typing import Any
 from tinyscale.core.config import read_json_object
 from tinyscale.core.errors import UsageError
 from tinyscale.core.precision import DEEPSPEED_BLOCKS, check_precision
+from tinyscale.data_parallel.zero import ZERO_STAGES
 
 DS_CONFIG_DIR = Path(__file__).resolve().parents[2] / "config" / "deepspeed"
-ZERO_STAGES = (0, 1, 2, 3)
 
 
 def shipped_configs() -> list[str]:

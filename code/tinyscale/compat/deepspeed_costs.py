@@ -1,63 +1,31 @@
-# --8<-- [start:formula]
-"""What ZeRO saves and what it costs: bytes per rank and traffic per step, on paper and counted.
+# --8<-- [start:count]
+"""What ZeRO saves and what it costs in DeepSpeed: bytes per rank and traffic per step, counted.
 
 Try it:  python -m tinyscale.compat.deepspeed_costs --world-size 2
 
 Mixed-precision Adam keeps 16 bytes per parameter (Ψ parameters): 2Ψ bf16 weights,
 2Ψ bf16 gradients and 12Ψ optimizer state (fp32 master weights, momentum, variance).
 ZeRO (Rajbhandari et al., 2020, Figure 1 and Section 7) splits them over the N data-parallel
-ranks: stage 1 the optimizer state, stage 2 also the gradients, stage 3 also the weights.
-Stages 1 and 2 move 2Ψ per step, as DDP's all-reduce does; stage 3 moves 3Ψ, because it
-gathers every weight twice: once for the forward pass and once more for the backward.
+ranks; tinyscale.data_parallel.memory_calculator has the formulas. Here the same numbers
+are counted in DeepSpeed's engine: the bytes each rank holds, and what its collectives
+move (tinyscale.comm.counter).
 """
 
 import argparse
 import contextlib
 import dataclasses
-import functools
-import inspect
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
+from tinyscale.comm.counter import CollectiveCounter
 from tinyscale.core.config import DEFAULT_CONFIG_PATH, load_model_config
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
-from tinyscale.core.memory import StateBytes, human_bytes
-
-
-def zero_bytes(num_params: int, *, stage: int, world_size: int) -> StateBytes:
-    """Per-rank model-state bytes of mixed-precision Adam under ZeRO stage 0-3 (the paper's)."""
-    if stage not in (0, 1, 2, 3) or world_size < 1:
-        raise UsageError(f"need a ZeRO stage 0-3 and world_size >= 1, got {stage}, {world_size}")
-    psi, n = num_params, world_size
-    return StateBytes(
-        params=2 * psi // (n if stage >= 3 else 1),  # bf16 weights: split by stage 3
-        grads=2 * psi // (n if stage >= 2 else 1),  # bf16 gradients: split from stage 2
-        optimizer=12 * psi // (n if stage >= 1 else 1),  # fp32 master, m, v: from stage 1
-    )
-
-
-def zero_traffic(stage: int, *, shared: float = 0.0) -> float:
-    """Elements each rank moves per step, in units of Ψ: the paper's communication volume.
-
-    DDP and ZeRO-1/2: the gradients are reduce-scattered (Ψ) and the updated weights
-    all-gathered (Ψ) - an all-reduce, split in its two halves. ZeRO-3 all-gathers the
-    weights before the forward pass and again before the backward pass: 3Ψ. A weight
-    used twice per pass (``shared``, a fraction of Ψ: a tied embedding) is gathered
-    twice per pass when ZeRO-3 frees every weight right after its use.
-    """
-    return 3 + 2 * shared if stage == 3 else 2
-
-
-# --8<-- [end:formula]
-
-
-# --8<-- [start:count]
-def nbytes(tensors: Sequence[torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+from tinyscale.core.memory import StateBytes, human_bytes, nbytes
+from tinyscale.data_parallel.memory_calculator import zero_state_bytes, zero_traffic
 
 
 def engine_state_bytes(engine: "deepspeed.DeepSpeedEngine") -> StateBytes:  # type: ignore[name-defined] # noqa: F821
@@ -89,64 +57,6 @@ def engine_state_bytes(engine: "deepspeed.DeepSpeedEngine") -> StateBytes:  # ty
 # --8<-- [end:count]
 
 
-# --8<-- [start:traffic]
-# How much of its tensor a collective moves, in the paper's accounting: an all-reduce is a
-# reduce-scatter plus an all-gather, 2x; the others 1x. DeepSpeed's ZeRO-2 reduces each
-# rank's gradient partition with one `reduce` per rank: N reduces of Ψ/N, Ψ in all.
-TRAFFIC = {
-    "all_reduce": 2,
-    "reduce": 1,
-    "reduce_scatter_tensor": 1,
-    "all_gather_into_tensor": 1,
-    "broadcast": 1,
-}
-
-
-def full_numel(name: str, bound: inspect.BoundArguments) -> int:
-    """The size of the whole tensor a collective works on (the gathered or scattered one)."""
-    args = bound.arguments
-    if name == "all_gather_into_tensor":
-        return args["output_tensor"].numel()
-    if name == "reduce_scatter_tensor":
-        return args["input"].numel()
-    return args["tensor"].numel()
-
-
-class TrafficCounter:
-    """Wraps torch.distributed's collectives; while ``counting``, adds up what they move.
-
-    Install it before the first ``deepspeed.initialize`` in the process: DeepSpeed keeps a
-    reference to some of these functions from then on.
-    """
-
-    def __init__(self) -> None:
-        self.counting = False
-        self.elements = 0
-        self.calls: Counter[str] = Counter()
-        self.originals = {name: getattr(dist, name) for name in TRAFFIC}
-        for name, times in TRAFFIC.items():
-            setattr(dist, name, self._wrap(name, times, self.originals[name]))
-
-    def remove(self) -> None:
-        for name, original in self.originals.items():
-            setattr(dist, name, original)
-
-    def _wrap(self, name: str, times: int, original: Callable) -> Callable:
-        signature = inspect.signature(original)
-
-        @functools.wraps(original)
-        def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
-            if self.counting:
-                self.elements += times * full_numel(name, signature.bind(*args, **kwargs))
-                self.calls[name] += 1
-            return original(*args, **kwargs)
-
-        return counted
-
-
-# --8<-- [end:traffic]
-
-
 # --8<-- [start:measure]
 # What runs: the shipped configs, and two settings that make DeepSpeed move what the
 # paper counts. ZeRO-1/2 all-reduce gradient buckets by default (2Ψ, then each rank keeps
@@ -173,7 +83,7 @@ class ZeroMeasurement:
     rank: int
     num_params: int
     measured: StateBytes  # counted in the engine
-    paper: StateBytes  # zero_bytes(...)
+    paper: StateBytes  # the formula: zero_state_bytes(..., precision="bf16")
     traffic: float  # elements this rank's collectives moved in one step, in units of Ψ
     loss: float  # of the second step: the same for every variant when only placement differs
     calls: dict[str, int]  # which collectives, how many times
@@ -198,7 +108,7 @@ def _measure(labels: Sequence[str], config_path: str) -> list[ZeroMeasurement]:
     from tinyscale.core.training import TrainConfig, make_optimizer
 
     skip_unused_shm_build()
-    counter = TrafficCounter()
+    counter = CollectiveCounter().install()  # before deepspeed.initialize: it keeps references
     model_cfg = load_model_config(config_path)
     found = []
     for label in labels:
@@ -213,7 +123,8 @@ def _measure(labels: Sequence[str], config_path: str) -> list[ZeroMeasurement]:
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=ds_config)
         x = torch.randint(0, model_cfg.vocab_size, (2, model_cfg.max_position_embeddings))
         for step in range(2):  # the first step also builds buffers and Adam's moments
-            counter.counting, counter.elements, counter.calls = step == 1, 0, Counter()
+            counter.counting = step == 1
+            counter.clear()
             _, loss = engine(x, x)
             engine.backward(loss)
             engine.step()
@@ -225,13 +136,16 @@ def _measure(labels: Sequence[str], config_path: str) -> list[ZeroMeasurement]:
                 rank=dist.get_rank(),
                 num_params=num_params,
                 measured=engine_state_bytes(engine),
-                paper=zero_bytes(num_params, stage=stage, world_size=dist.get_world_size()),
-                traffic=counter.elements / num_params,
+                paper=zero_state_bytes(
+                    num_params, stage=stage, world_size=dist.get_world_size(), precision="bf16"
+                ),
+                traffic=counter.volume() / num_params,
                 loss=loss.item(),
-                calls=dict(counter.calls),
+                calls=dict(counter.ops()),
             )
         )
         engine.destroy()  # ZeRO-3 leaves hooks on the module; free them before the next stage
+    counter.remove()
     return found
 
 

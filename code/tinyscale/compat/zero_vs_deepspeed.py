@@ -15,31 +15,23 @@ import contextlib
 import copy
 import dataclasses
 import sys
-from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from tinyscale.comm.counter import CollectiveCounter
 from tinyscale.compat.deepspeed_config import DS_CONFIG_DIR, load_ds_config, skip_unused_shm_build
-from tinyscale.compat.deepspeed_costs import TRAFFIC, TrafficCounter, engine_state_bytes
+from tinyscale.compat.deepspeed_costs import engine_state_bytes
 from tinyscale.core.config import preset
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.model import TinyTransformer
-from tinyscale.data_parallel.ddp import rank_batch
+from tinyscale.data_parallel.ddp import random_batch
 from tinyscale.data_parallel.zero import ZeRO
-from tinyscale.data_parallel.zero_vs_ddp import counting_collectives
 
-STAGES = (1, 2, 3)
+COMPARED_STAGES = (1, 2, 3)  # ZeRO stages both implement (stage 0 is DDP)
 BATCH, SEQ, LR, WEIGHT_DECAY = 4, 16, 1e-3, 0.01
-# The paper's accounting of deepspeed_costs.TRAFFIC (an all-reduce moves its tensor twice),
-# under torch 2.14's names, which our ZeRO calls
-OUR_TRAFFIC = {
-    **TRAFFIC,
-    "reduce_scatter_single": TRAFFIC["reduce_scatter_tensor"],
-    "all_gather_single": TRAFFIC["all_gather_into_tensor"],
-}
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -55,15 +47,17 @@ class Trained:
 
 
 # --8<-- [start:ours]
-def ours(base: TinyTransformer, stage: int, batches: list) -> Trained:
+def ours(base: TinyTransformer, stage: int, batches: list, counter: CollectiveCounter) -> Trained:
     model = copy.deepcopy(base)
     zero = ZeRO(model, stage=stage, units=list(model.blocks), lr=LR, weight_decay=WEIGHT_DECAY)
-    losses, log = [], []
+    losses = []
     for i, (x, y) in enumerate(batches):
-        with counting_collectives(log if i == len(batches) - 1 else []):  # the last step's
-            loss = zero(x, y)[1]
-            loss.backward()
-            zero.step()
+        counter.clear()
+        counter.counting = i == len(batches) - 1  # the last step's collectives
+        loss = zero(x, y)[1]
+        loss.backward()
+        zero.step()
+        counter.counting = False
         zero.zero_grad()
         losses.append(loss.item())
     weights, _, optimizer = zero.state_bytes()
@@ -71,8 +65,8 @@ def ours(base: TinyTransformer, stage: int, batches: list) -> Trained:
         losses=losses,
         weights=zero.full_parameters(),
         held=(weights, optimizer),
-        moved=sum(OUR_TRAFFIC[name] * nbytes / 4 for name, nbytes, _ in log),  # fp32: 4 B
-        calls=dict(Counter(name for name, _, _ in log)),
+        moved=counter.volume(),  # elements, in the paper's accounting
+        calls=dict(counter.ops()),
     )
 
 
@@ -81,7 +75,7 @@ def ours(base: TinyTransformer, stage: int, batches: list) -> Trained:
 
 # --8<-- [start:deepspeed]
 def deepspeeds(
-    base: TinyTransformer, stage: int, batches: list, counter: TrafficCounter, **zero_settings
+    base: TinyTransformer, stage: int, batches: list, counter: CollectiveCounter, **zero_settings
 ) -> Trained:
     import deepspeed
 
@@ -99,7 +93,8 @@ def deepspeeds(
     )
     losses = []
     for i, (x, y) in enumerate(batches):
-        counter.counting, counter.elements, counter.calls = i == len(batches) - 1, 0, Counter()
+        counter.clear()
+        counter.counting = i == len(batches) - 1  # the last step's collectives
         loss = engine(x, y)[1]
         engine.backward(loss)
         engine.step()
@@ -114,8 +109,8 @@ def deepspeeds(
         losses=losses,
         weights=full,
         held=(held.params, held.optimizer),
-        moved=counter.elements,
-        calls=dict(counter.calls),
+        moved=counter.volume(),
+        calls=dict(counter.ops()),
     )
 
 
@@ -129,18 +124,20 @@ def compare(steps: int = 3, seed: int = 0, threshold: int = 100) -> dict[Any, An
     torch.manual_seed(seed + dist.get_rank())  # a different init per rank: both must broadcast
     base = TinyTransformer(preset("tiny"))
     batches = [
-        rank_batch(preset("tiny"), batch_size=BATCH, seq_len=SEQ, step=s, seed=seed)
+        random_batch(preset("tiny"), batch_size=BATCH, seq_len=SEQ, step=s, seed=seed)
         for s in range(steps)
     ]
     report: dict[Any, Any] = {"psi": sum(p.numel() for p in base.parameters())}
     with contextlib.redirect_stdout(sys.stderr):  # DeepSpeed prints to stdout; keep it clean
         skip_unused_shm_build()
-        counter = TrafficCounter()  # before the first deepspeed.initialize: DeepSpeed keeps refs
-        runs = [(stage, stage, {}) for stage in STAGES]
+        # installed before the first deepspeed.initialize: DeepSpeed keeps references
+        counter = CollectiveCounter().install()
+        counter.counting = False
+        runs = [(stage, stage, {}) for stage in COMPARED_STAGES]
         runs.append(("3p", 3, {"stage3_param_persistence_threshold": threshold}))
         for label, stage, settings in runs:
             if not settings:  # 3p compares with ZeRO-3's run of ours: nothing of ours changes
-                a = ours(base, stage, batches)
+                a = ours(base, stage, batches, counter)
             b = deepspeeds(base, stage, batches, counter, **settings)
             diff = (a.weights - b.weights).abs().max()
             dist.all_reduce(diff, op=dist.ReduceOp.MAX)  # the largest on any rank
@@ -181,19 +178,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{n} ranks, fp32, {args.steps} AdamW steps; rank 0's losses")
     width = 9 * args.steps - 1  # "5.556125 " per step
     print(f"stage  {'ours':<{width}}  {'DeepSpeed':<{width}}  max |weights ours - DS|")
-    for stage in STAGES:
+    for stage in COMPARED_STAGES:
         row = r[stage]
         ours_l = " ".join(f"{v:.6f}" for v in row["ours"].losses)
         ds_l = " ".join(f"{v:.6f}" for v in row["deepspeed"].losses)
         print(f"{stage:>5}  {ours_l}  {ds_l}  {row['max_param_diff']:.1e}")
     print(f"bytes held per rank after the last step (Ψ = {psi:,}, N = {n})")
     print("stage  weights: ours       DS  optimizer: ours       DS")
-    for label in (*STAGES, "3p"):
+    for label in (*COMPARED_STAGES, "3p"):
         (wa, oa), (wb, ob) = r[label]["ours"].held, r[label]["deepspeed"].held
         print(f"{label:>5}  {wa:>13,}  {wb:>7,}  {oa:>15,}  {ob:>7,}")
     print("elements moved by the last step, in Ψ (an all-reduce counts twice its tensor)")
     print("stage  ours  DeepSpeed  DeepSpeed's calls")
-    for label in (*STAGES, "3p"):
+    for label in (*COMPARED_STAGES, "3p"):
         a, b = r[label]["ours"], r[label]["deepspeed"]
         calls = ", ".join(f"{name} {k}" for name, k in sorted(b.calls.items()))
         print(f"{label:>5}  {a.moved / psi:4.2f}  {b.moved / psi:9.2f}  {calls}")

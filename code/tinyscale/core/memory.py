@@ -5,6 +5,7 @@ Try it:  python -c "from tinyscale.core.memory import model_state_bytes as m; pr
 """
 
 import dataclasses
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -37,6 +38,9 @@ class StateBytes:
         )
 
 
+MiB = 1024 * 1024  # what torch's bucket_cap_mb and the CUDA allocator call "MB"
+
+
 def human_bytes(n: float) -> str:
     """1536 -> '1.5 KiB': binary units, as memory is sold and reported."""
     for unit in ("B", "KiB", "MiB", "GiB"):
@@ -56,12 +60,19 @@ def model_state_bytes(num_params: float, precision: str = "fp32") -> StateBytes:
 
 
 # --8<-- [start:measure]
+def nbytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the tensors' elements, each counted once per tensor."""
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def storage_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    """Bytes of the memory behind the tensors: views of one buffer count it once."""
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    return sum(storages.values())
+
+
 def measured_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> StateBytes:
     """The same three numbers, counted from the tensors that really exist (after a step)."""
-
-    def nbytes(tensors: list[torch.Tensor]) -> int:
-        return sum(t.numel() * t.element_size() for t in tensors)
-
     params = list(model.parameters())
     state = [
         t
@@ -72,9 +83,7 @@ def measured_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
     return StateBytes(
         params=nbytes(params),
         grads=nbytes([p.grad for p in params if p.grad is not None]),
-        optimizer=nbytes(
-            state
-        ),  # Adam: exp_avg and exp_avg_sq per parameter (scalar 'step' skipped)
+        optimizer=nbytes(state),  # Adam: exp_avg and exp_avg_sq (the scalar 'step' skipped)
     )
 
 

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tinyscale.comm.dist import require_process_group
 from tinyscale.core.config import ModelConfig
 from tinyscale.core.errors import UsageError
 
@@ -51,11 +52,7 @@ class NaiveDDP(nn.Module):
 
     def __init__(self, module: nn.Module) -> None:
         super().__init__()
-        if not dist.is_initialized():
-            raise UsageError(
-                "no process group: call dist.init_process_group first "
-                "(or run under torchrun / tinyscale.comm.launch.run_on_ranks)"
-            )
+        require_process_group(type(self).__name__)
         self.module = module
         self.world_size = dist.get_world_size()
         # Frozen parameters (requires_grad=False) get no gradient: nothing to average.
@@ -85,7 +82,7 @@ class NaiveDDP(nn.Module):
 
 
 # --8<-- [start:check]
-def rank_batch(
+def random_batch(
     cfg: ModelConfig, *, batch_size: int, seq_len: int, step: int, seed: int, device=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """This rank's (inputs, targets) at ``step``: random token ids, different on every rank."""
@@ -95,17 +92,8 @@ def rank_batch(
 
 
 def flat_params(model: nn.Module) -> torch.Tensor:
+    """Every parameter, in ``model.parameters()`` order, as one flat tensor."""
     return torch.cat([p.detach().flatten() for p in model.parameters()])
-
-
-def rank_spread(model: nn.Module) -> float:
-    """max |params of this rank - params of rank 0| over all ranks: 0.0 = bit-identical."""
-    mine = flat_params(model)
-    rank0 = mine.clone()
-    dist.broadcast(rank0, src=0)
-    spread = (mine - rank0).abs().max()
-    dist.all_reduce(spread, op=dist.ReduceOp.MAX)
-    return spread.item()
 
 
 # --8<-- [end:check]

@@ -16,44 +16,26 @@ import contextlib
 import copy
 import dataclasses
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from tinyscale.comm.comm_model import assign_buckets
+from tinyscale.comm.dist import rank_spread
 from tinyscale.core.config import ModelConfig, preset
+from tinyscale.core.device import select_device
 from tinyscale.core.errors import UsageError
+from tinyscale.core.memory import MiB
 from tinyscale.core.model import TinyTransformer
-from tinyscale.data_parallel.ddp import NaiveDDP, flat_params, rank_batch, rank_spread
-
-MB = 1024 * 1024  # torch's bucket_cap_mb counts mebibytes: 25 MB = 26,214,400 bytes
+from tinyscale.data_parallel.ddp import NaiveDDP, flat_params, random_batch
 
 # --8<-- [end:header]
 
 
 # --8<-- [start:assign]
-def assign_buckets(sizes_in_bytes: Sequence[int], *, cap_bytes: int) -> list[list[int]]:
-    """Group tensors, in the order given, into buckets: close a bucket once it holds
-    ``cap_bytes`` or more (one tensor larger than the cap gets a bucket of its own).
-
-    The same rule as torch's ``dist._compute_bucket_assignment_by_size``.
-    """
-    buckets: list[list[int]] = []
-    current: list[int] = []
-    filled = 0
-    for i, nbytes in enumerate(sizes_in_bytes):
-        current.append(i)
-        filled += nbytes
-        if filled >= cap_bytes:
-            buckets.append(current)
-            current, filled = [], 0
-    if current:
-        buckets.append(current)
-    return buckets
-
-
 @dataclasses.dataclass(eq=False)
 class Bucket:
     """Some parameters whose gradients travel together in one flat buffer."""
@@ -96,7 +78,7 @@ class BucketedDDP(NaiveDDP):
         order = self.params[::-1]
         sizes = [p.numel() * p.element_size() for p in order]
         self.buckets = []
-        for index, members in enumerate(assign_buckets(sizes, cap_bytes=int(bucket_cap_mb * MB))):
+        for index, members in enumerate(assign_buckets(sizes, cap_bytes=int(bucket_cap_mb * MiB))):
             params = [order[i] for i in members]
             numels = [p.numel() for p in params]
             buffer = params[0].new_zeros(sum(numels))  # same dtype and device
@@ -254,14 +236,15 @@ def compare_with_torch_ddp(
     differently from torch's: results may differ in the last bits (PARITY_TOLERANCE).
     """
     cfg = cfg or preset("tiny")
-    device = torch.device("cpu")
-    if dist.get_backend() == "nccl":  # one GPU per rank
-        device = torch.device("cuda", dist.get_rank() % torch.cuda.device_count())
+    # nccl moves CUDA tensors: one GPU per rank; gloo, CPU tensors
+    kind = "cuda" if dist.get_backend() == "nccl" else "cpu"
+    device = select_device(kind, local_rank=dist.get_rank())
+    if device.type == "cuda":
         torch.cuda.set_device(device)
     torch.manual_seed(seed + dist.get_rank())
     base = TinyTransformer(cfg)
     batches = [
-        rank_batch(cfg, batch_size=batch_size, seq_len=seq_len, step=s, seed=seed, device=device)
+        random_batch(cfg, batch_size=batch_size, seq_len=seq_len, step=s, seed=seed, device=device)
         for s in range(steps)
     ]
     final, report = {}, {}
@@ -279,7 +262,7 @@ def compare_with_torch_ddp(
                 model.finish_gradient_synchronization()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            spread = max(spread, rank_spread(model))
+            spread = max(spread, rank_spread(flat_params(model)))
         final[name] = flat_params(model)
         report[name] = {
             "rank_spread": spread,

@@ -24,14 +24,14 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from tinyscale.comm.counter import CollectiveCounter
 from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError, run_cli
 from tinyscale.core.model import TinyTransformer
-from tinyscale.data_parallel.ddp import rank_batch
+from tinyscale.data_parallel.ddp import random_batch
 from tinyscale.data_parallel.memory_calculator import check_shard_size
 from tinyscale.data_parallel.sharded_checkpoint import load_dcp, save_dcp
 from tinyscale.data_parallel.zero import ZeRO
-from tinyscale.data_parallel.zero_vs_ddp import counting_collectives, ring_bytes_sent
 
 # --8<-- [end:header]
 
@@ -104,18 +104,19 @@ def adamw(model: nn.Module, *, lr: float) -> torch.optim.Optimizer:
 
 
 def train(
-    model: nn.Module, batches: list, *, lr: float, log: list
+    model: nn.Module, batches: list, *, lr: float, counter: CollectiveCounter
 ) -> tuple[list[float], torch.optim.Optimizer]:
-    """AdamW steps; the collectives of the last step go into ``log``."""
+    """AdamW steps; ``counter`` logs the collectives of the last step."""
     opt = adamw(model, lr=lr)
     losses = []
-    for i, (x, y) in enumerate(batches):
-        with counting_collectives(log if i == len(batches) - 1 else []):
+    with counter:
+        for i, (x, y) in enumerate(batches):
+            counter.counting = i == len(batches) - 1
             loss = model(x, y)[1]
             loss.backward()
             opt.step()
-        opt.zero_grad(set_to_none=False)  # keep the gradient shards, to count them
-        losses.append(loss.item())
+            opt.zero_grad(set_to_none=False)  # keep the gradient shards, to count them
+            losses.append(loss.item())
     return losses, opt
 
 
@@ -133,7 +134,7 @@ def compare_with_zero3(
     torch.manual_seed(seed)  # the same model on every rank: fully_shard needs it
     base = TinyTransformer(preset("tiny"))
     data = [
-        rank_batch(preset("tiny"), batch_size=4, seq_len=16, step=s, seed=seed)
+        random_batch(preset("tiny"), batch_size=4, seq_len=16, step=s, seed=seed)
         for s in range(steps + 1)
     ]
     batches, extra = data[:steps], data[steps]
@@ -151,16 +152,16 @@ def compare_with_zero3(
 
     mesh = make_mesh(world, shard_size)
     model = shard_model(copy.deepcopy(base), mesh, bf16=bf16)
-    log: list[tuple[str, int, int]] = []
-    losses, optimizer = train(model, batches, lr=lr, log=log)
+    counter = CollectiveCounter()
+    losses, optimizer = train(model, batches, lr=lr, counter=counter)
     held = held_bytes(model, optimizer)
     full = torch.cat([p.full_tensor().flatten() for p in model.parameters()])
     report = {
         "world": world, "shard": shard_size or world, "numel": full.numel(),
         "vs_zero3": (full - reference).abs().max().item(),
         "losses": losses, "zero3_losses": zero_losses, "held": held,
-        "sent": {name: sum(ring_bytes_sent(n2, b, r) for n2, b, r in log if n2 == name)
-                 for name in sorted({name for name, _, _ in log})},
+        "sent": {op: sum(c.sent_bytes() for c in counter.calls if c.op == op)
+                 for op in sorted(counter.ops())},
         "placements": str(next(iter(model.parameters())).placements),
     }  # fmt: skip
     if checkpoint_dir:

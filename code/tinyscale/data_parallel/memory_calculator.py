@@ -18,6 +18,7 @@ from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.memory import RECIPES, StateBytes, human_bytes
 from tinyscale.core.model import count_parameters
 from tinyscale.core.precision import PRECISIONS, check_precision
+from tinyscale.data_parallel.zero import check_zero_stage
 
 # --8<-- [end:header]
 
@@ -47,8 +48,7 @@ def zero_state_bytes(
     Hybrid sharding (HSDP) shards over groups of `shard_size` ranks and replicates across
     the world_size / shard_size groups: divide by the group size, not by N.
     """
-    if stage not in (0, 1, 2, 3):
-        raise UsageError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage!r}")
+    check_zero_stage(stage)
     check_precision(precision)
     if world_size < 1:
         raise UsageError(f"world size must be at least 1, got {world_size}")
@@ -62,6 +62,30 @@ def zero_state_bytes(
 
 
 # --8<-- [end:states]
+
+
+# --8<-- [start:traffic]
+def zero_traffic(stage: int, *, shared: float = 0.0) -> float:
+    """Elements each rank moves per step, in units of Ψ: the paper's communication volume.
+
+    DDP and ZeRO-1/2: the gradients are reduce-scattered (Ψ) and the updated weights
+    all-gathered (Ψ) — an all-reduce, split in its two halves. ZeRO-3 all-gathers the
+    weights before the forward pass and again before the backward pass: 3Ψ (§7.2). A
+    weight used twice per pass (``shared``, a fraction of Ψ: a tied embedding) is
+    gathered twice per pass when ZeRO-3 frees every weight right after its use.
+    """
+    return 3 + 2 * shared if check_zero_stage(stage) == 3 else 2
+
+
+def zero_step_bytes(*, stage: int, numel: int, world: int, bytes_per_element: int = 4) -> float:
+    """Bytes one rank sends per step with ring algorithms: (N-1)/N of the paper's volume.
+
+    The paper's 2Ψ and 3Ψ are the large-N limits; a ring sends (N-1)/N of the data per pass.
+    """
+    return zero_traffic(stage) * (world - 1) / world * numel * bytes_per_element
+
+
+# --8<-- [end:traffic]
 
 
 # --8<-- [start:activations]

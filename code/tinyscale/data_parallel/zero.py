@@ -22,10 +22,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tinyscale.comm.dist import require_process_group
 from tinyscale.core.errors import UsageError
+from tinyscale.core.memory import storage_bytes
 
-STAGES = (0, 1, 2, 3)
+ZERO_STAGES = (0, 1, 2, 3)
 OPTIMIZERS = ("adamw",)
+
+
+def check_zero_stage(stage: object) -> int:
+    """``stage`` if it is a ZeRO stage; else one line that says which are."""
+    if type(stage) is not int or stage not in ZERO_STAGES:
+        raise UsageError(f"ZeRO stage {stage!r} does not exist: use --stage 0, 1, 2 or 3")
+    return stage
+
 
 # --8<-- [end:header]
 
@@ -128,18 +138,13 @@ class ZeRO(nn.Module):
         weight_decay: float = 0.01,
     ) -> None:
         super().__init__()
-        if stage not in STAGES:
-            raise UsageError(f"ZeRO stage must be 0, 1, 2 or 3, got {stage!r}")
+        check_zero_stage(stage)
         if optimizer not in OPTIMIZERS:
             raise UsageError(
                 f"optimizer {optimizer!r} is not supported by tinyscale.data_parallel.zero: use 'adamw' "
                 "(its states are sharded by hand; add another optimizer to FlatAdamW's pattern)"
             )
-        if not dist.is_initialized():
-            raise UsageError(
-                "no process group: call dist.init_process_group first "
-                "(or run under torchrun / tinyscale.comm.launch.run_on_ranks)"
-            )
+        require_process_group("ZeRO")
         self.module, self.stage = module, stage
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         claimed: set[nn.Parameter] = set()
@@ -276,20 +281,16 @@ class ZeRO(nn.Module):
 
     # --8<-- [start:measure]
     def state_bytes(self) -> tuple[int, int, int]:
-        """(params, grads, optimizer) bytes this rank holds now, counted from the tensors."""
+        """(params, grads, optimizer) bytes this rank holds now, counted from the tensors.
 
-        def nbytes(tensors) -> int:
-            storages = {
-                t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors
-            }
-            return sum(storages.values())  # views of one buffer count once
-
-        params = nbytes(
+        By storage: the views of one flat buffer count it once (a freed one counts 0).
+        """
+        params = storage_bytes(
             [u.flat for u in self.units] + [getattr(u, "shard", u.flat) for u in self.units]
         )
         loose = [p.grad for u in self.units for p in u.params if p.grad is not None]
-        grads = nbytes([u.grad for u in self.units] + loose)
-        return params, grads, nbytes(self.opt.exp_avg + self.opt.exp_avg_sq)
+        grads = storage_bytes([u.grad for u in self.units] + loose)
+        return params, grads, storage_bytes(self.opt.exp_avg + self.opt.exp_avg_sq)
 
     def sample(self, *, extra: int = 0) -> None:
         """Record the largest model-state footprint so far (called where it may peak)."""

@@ -6,76 +6,26 @@ Try it:  python -c "from tinyscale.data_parallel.zero_vs_ddp import demo; demo()
 Rajbhandari et al. 2020 (arXiv:1910.02054) §7.2: stages 0-2 move 2Ψ per step and rank
 (an all-reduce is a reduce-scatter plus an all-gather), stage 3 moves 3Ψ (the weights
 are all-gathered twice: for forward and again for backward). Those are the large-N
-limits of the ring's exact cost, (N-1)/N of the data per pass.
+limits of the ring's exact cost, (N-1)/N of the data per pass: memory_calculator's
+formulas, against what tinyscale.comm.counter counts.
 """
 
-import collections
-import contextlib
 import copy
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from tinyscale.comm.comm_model import ring_allreduce_bytes
+from tinyscale.comm.counter import CollectiveCounter
+from tinyscale.comm.dist import rank_spread
 from tinyscale.core.config import ModelConfig, preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import TinyTransformer
-from tinyscale.data_parallel.ddp import rank_batch
-from tinyscale.data_parallel.memory_calculator import zero_state_bytes
-from tinyscale.data_parallel.zero import STAGES, ZeRO
-
-COLLECTIVES = ("all_reduce", "reduce_scatter_single", "all_gather_single", "broadcast")
+from tinyscale.data_parallel.ddp import random_batch
+from tinyscale.data_parallel.memory_calculator import zero_state_bytes, zero_step_bytes
+from tinyscale.data_parallel.zero import ZERO_STAGES, ZeRO
 
 # --8<-- [end:header]
-
-
-# --8<-- [start:count]
-def ring_bytes_sent(op: str, nbytes: int, world: int) -> float:
-    """Bytes one rank sends for one collective on ``nbytes`` of data, with ring algorithms."""
-    if op == "all_reduce":
-        return ring_allreduce_bytes(size_bytes=nbytes, world_size=world)  # 2 (N-1)/N
-    return (world - 1) / world * nbytes  # reduce-scatter, all-gather; broadcast on average
-
-
-@contextlib.contextmanager
-def counting_collectives(log: list[tuple[str, int, int]]):
-    """Replace the four dist collectives for the duration.
-
-    Logs (name, bytes of the full N-rank buffer, ranks in the group): a subgroup's size,
-    not the world's, sets what a ring sends (HSDP runs its collectives on subgroups).
-    Positional or keyword calls alike: FSDP2 calls ``reduce_scatter_single(output=, input=)``.
-    """
-    originals = {name: getattr(dist, name) for name in COLLECTIVES}
-
-    def counted(name: str, fn):
-        def call(*args, **kwargs):
-            if name == "reduce_scatter_single":  # the input holds all N shards
-                full = args[1] if len(args) > 1 else kwargs["input"]
-            else:  # all_gather_single's output, all_reduce's and broadcast's tensor
-                full = args[0] if args else kwargs.get("output", kwargs.get("tensor"))
-            ranks = dist.get_world_size(kwargs.get("group"))
-            log.append((name, full.numel() * full.element_size(), ranks))
-            return fn(*args, **kwargs)
-
-        return call
-
-    for name, fn in originals.items():
-        setattr(dist, name, counted(name, fn))
-    try:
-        yield log
-    finally:
-        for name, fn in originals.items():
-            setattr(dist, name, fn)
-
-
-def zero_step_bytes(*, stage: int, numel: int, world: int, bytes_per_element: int = 4) -> float:
-    """§7.2's volume per rank and step, exact ring form: 2 (N-1)/N Ψ, or 3 (N-1)/N Ψ at stage 3."""
-    passes = 3 if stage == 3 else 2
-    return passes * (world - 1) / world * numel * bytes_per_element
-
-
-# --8<-- [end:count]
 
 
 # --8<-- [start:compare]
@@ -83,7 +33,7 @@ def zero_step_bytes(*, stage: int, numel: int, world: int, bytes_per_element: in
 
 def compare_stages(
     *, cfg: ModelConfig | None = None, steps: int = 3, batch_size: int = 4, seq_len: int = 16,
-    lr: float = 1e-3, seed: int = 0, stages: tuple[int, ...] = STAGES,
+    lr: float = 1e-3, seed: int = 0, stages: tuple[int, ...] = ZERO_STAGES,
 ) -> dict[Any, Any]:  # fmt: skip
     """On every rank: torch DDP + torch AdamW, then our ZeRO stages, from the same init and data.
 
@@ -96,7 +46,7 @@ def compare_stages(
     torch.manual_seed(seed + rank)  # each rank its own init: the broadcast must fix it
     base = TinyTransformer(cfg)
     batches = [
-        rank_batch(cfg, batch_size=batch_size, seq_len=seq_len, step=s, seed=seed)
+        random_batch(cfg, batch_size=batch_size, seq_len=seq_len, step=s, seed=seed)
         for s in range(steps)
     ]
     ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(base))
@@ -110,26 +60,22 @@ def compare_stages(
     for stage in stages:
         model = copy.deepcopy(base)
         zero = ZeRO(model, stage=stage, units=list(model.blocks), lr=lr)
-        log: list[tuple[str, int, int]] = []
-        for i, (x, y) in enumerate(batches):
-            with counting_collectives(log if i == steps - 1 else []):
+        with CollectiveCounter() as counter:
+            for i, (x, y) in enumerate(batches):
+                counter.counting = i == steps - 1  # the last step's collectives
                 zero(x, y)[1].backward()
                 zero.step()
-            held = zero.state_bytes()
-            zero.zero_grad()
+                held = zero.state_bytes()
+                zero.zero_grad()
         full = zero.full_parameters()
-        rank0 = full.clone()
-        dist.broadcast(rank0, src=0)
-        spread = (full - rank0).abs().max()
-        dist.all_reduce(spread, op=dist.ReduceOp.MAX)
         report[stage] = {
             "vs_ddp": (full - baseline).abs().max().item(),
-            "rank_spread": spread.item(),
+            "rank_spread": rank_spread(full),
             "held": held,
             "peak": zero.peak_state_bytes,
             "padded": sum(u.flat.numel() for u in zero.units),
-            "calls": collections.Counter(name for name, _, _ in log),
-            "sent": sum(ring_bytes_sent(name, n, ranks) for name, n, ranks in log),
+            "calls": counter.ops(),
+            "sent": counter.sent_bytes(),
         }
     return report
 
@@ -146,7 +92,7 @@ def demo(world_size: int = 2) -> None:
     psi, n = r["numel"], r["world"]
     print(f"Ψ = {psi:,} parameters, N = {n} ranks, fp32, 3 AdamW steps; bytes per rank")
     print("stage  |ZeRO-DDP|  params   grads  optimizer  formula   sent/step  formula")
-    for stage in STAGES:
+    for stage in ZERO_STAGES:
         s = r[stage]
         formula = zero_state_bytes(psi, stage=stage, world_size=n, precision="fp32")
         sent_formula = zero_step_bytes(stage=stage, numel=s["padded"], world=n)

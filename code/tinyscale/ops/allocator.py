@@ -1,7 +1,7 @@
 # --8<-- [start:rules]
 """A model of PyTorch's CUDA caching allocator: malloc, free and empty_cache, on a CPU.
 
-Try it:  python -c "from tinyscale.ops.allocator import MiB, AllocatorConfig, CachingAllocator as C; a = C(AllocatorConfig(capacity=1024 * MiB)); a.malloc(100 * MiB); print(a.stats())"
+Try it:  python -c "from tinyscale.core.memory import MiB; from tinyscale.ops.allocator import AllocatorConfig, CachingAllocator as C; a = C(AllocatorConfig(capacity=1024 * MiB)); a.malloc(100 * MiB); print(a.stats())"
 
 A model, not the allocator. Its rules follow c10/cuda/CUDACachingAllocator.cpp (torch 2.x):
 sizes rounded to 512 bytes, a small pool (<= 1 MiB) carved from 2 MiB segments, a large pool
@@ -17,8 +17,8 @@ import dataclasses
 import math
 
 from tinyscale.core.errors import UsageError
+from tinyscale.core.memory import MiB
 
-MiB = 1024 * 1024
 MIN_BLOCK = 512  # every request is rounded up to a multiple of 512 bytes
 SMALL_SIZE = 1 * MiB  # requests up to 1 MiB use the small pool ...
 SMALL_BUFFER = 2 * MiB  # ... whose segments are 2 MiB

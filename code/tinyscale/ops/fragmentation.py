@@ -15,7 +15,8 @@ import os
 from collections.abc import Iterable, Sequence
 
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
-from tinyscale.ops.allocator import AllocatorConfig, Block, CachingAllocator, MiB, OutOfMemory
+from tinyscale.core.memory import MiB
+from tinyscale.ops.allocator import AllocatorConfig, Block, CachingAllocator, OutOfMemory
 
 
 def training_steps(

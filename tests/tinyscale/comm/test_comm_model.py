@@ -8,6 +8,7 @@ import random
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from tinyscale.comm.comm_model import (
@@ -15,6 +16,7 @@ from tinyscale.comm.comm_model import (
     assign_buckets,
     binary_tree_parents,
     chunk_bounds,
+    ddp_bucket_plan,
     ddp_buckets,
     depth_of,
     double_binary_tree,
@@ -25,7 +27,8 @@ from tinyscale.comm.comm_model import (
     tree_allreduce_bytes,
     tree_allreduce_steps,
 )
-from tinyscale.core.config import ModelConfig
+from tinyscale.core.config import ModelConfig, preset
+from tinyscale.core.memory import MiB
 from tinyscale.core.model import TinyTransformer
 
 ITEMSIZE = 4  # fp32 gradients
@@ -104,7 +107,7 @@ def test_buckets_match_ddp_default_caps() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(8)])
     ready_order = list(reversed(list(model.named_parameters())))
-    ours = assign_buckets(ready_order)
+    ours = ddp_bucket_plan(ready_order)
     assert ours[0] == ["7.bias", "7.weight"] and len(ours) == 2
     theirs = ddp_buckets(model, lambda m: m(torch.randn(2, 1024)).sum())
     assert ours == theirs
@@ -117,7 +120,7 @@ def test_buckets_match_ddp_on_the_tiny_transformer(cap_mb: float) -> None:
     torch.manual_seed(0)
     model = TinyTransformer(ModelConfig(dropout=0.0))
     x = torch.randint(0, 1024, (2, 64))
-    ours = assign_buckets(list(reversed(list(model.named_parameters()))), bucket_cap_mb=cap_mb)
+    ours = ddp_bucket_plan(list(reversed(list(model.named_parameters()))), bucket_cap_mb=cap_mb)
     theirs = ddp_buckets(model, lambda m: m(x, x)[1], bucket_cap_mb=cap_mb)
     assert len(ours) > 1
     assert [set(b) for b in ours] == [set(b) for b in theirs]
@@ -125,4 +128,24 @@ def test_buckets_match_ddp_on_the_tiny_transformer(cap_mb: float) -> None:
 
 def test_buckets_split_by_dtype() -> None:
     params = [("a", torch.zeros(4)), ("b", torch.zeros(4, dtype=torch.bfloat16))]
-    assert assign_buckets(params, bucket_cap_mb=1) == [["a"], ["b"]]
+    assert ddp_bucket_plan(params, bucket_cap_mb=1) == [["a"], ["b"]]
+
+
+def test_bucket_assignment_is_torchs_rule() -> None:
+    params = [p for p in TinyTransformer(preset("tiny")).parameters()][::-1]
+    sizes = [p.numel() * p.element_size() for p in params]
+    for cap_mb in (0.001, 0.01, 0.05, 1.0, 25.0):
+        cap = int(cap_mb * MiB)
+        torchs, _ = dist._compute_bucket_assignment_by_size(params, [cap], [False] * len(params))
+        assert assign_buckets(sizes, cap_bytes=cap) == torchs, cap_mb
+    first, cap = int(0.005 * MiB), int(0.02 * MiB)  # torch's small first bucket, scaled down
+    torchs, _ = dist._compute_bucket_assignment_by_size(params, [first, cap], [False] * len(params))
+    ours = assign_buckets(sizes, cap_bytes=cap, first_cap_bytes=first)
+    assert ours == torchs and len(ours[0]) < len(ours[1])
+
+
+def test_assign_buckets_by_hand() -> None:
+    assert assign_buckets([40, 4000, 400, 400_000, 20], cap_bytes=1000) == [[0, 1], [2, 3], [4]]
+    assert assign_buckets([5000], cap_bytes=1000) == [[0]], "too big: a bucket of its own"
+    assert assign_buckets([1, 2, 3], cap_bytes=10**9) == [[0, 1, 2]]
+    assert assign_buckets([40, 40, 400], cap_bytes=1000, first_cap_bytes=50) == [[0, 1], [2]]

@@ -13,12 +13,12 @@ import re
 import pytest
 
 from helpers import recorded_output
-from tinyscale.compat.deepspeed_costs import TRAFFIC_TOLERANCE, zero_traffic
-from tinyscale.compat.zero_vs_deepspeed import STAGES, main
+from tinyscale.compat.deepspeed_costs import TRAFFIC_TOLERANCE
+from tinyscale.compat.zero_vs_deepspeed import COMPARED_STAGES, main
 from tinyscale.core.config import preset
 from tinyscale.core.errors import run_cli
 from tinyscale.core.model import TinyTransformer
-from tinyscale.data_parallel.memory_calculator import zero_state_bytes
+from tinyscale.data_parallel.memory_calculator import zero_state_bytes, zero_traffic
 
 PARAM_TOLERANCE = 1e-5  # N > 2: the ZeRO lesson's (the order of an N-term sum); N = 2: exact
 SIZES = [p.numel() for p in TinyTransformer(preset("tiny")).parameters()]
@@ -55,19 +55,19 @@ MOVED = section(N2, "elements moved")
 
 def test_every_stage_is_recorded() -> None:
     assert N2[0].startswith("2 ranks") and N4[0].startswith("4 ranks")
-    assert sorted(losses(N2)) == sorted(losses(N4)) == list(STAGES) == [1, 2, 3]
+    assert sorted(losses(N2)) == sorted(losses(N4)) == list(COMPARED_STAGES) == [1, 2, 3]
     assert list(HELD) == list(MOVED) == ["1", "2", "3", "3p"]
     assert f"Ψ = {PSI:,}, N = 2" in "\n".join(N2)
 
 
-@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("stage", COMPARED_STAGES)
 def test_deepspeed_matches_our_zero_bit_for_bit_on_2_ranks(stage) -> None:
     ours, deepspeed, param_diff = losses(N2)[stage]
     assert len(ours) == 3 and ours == deepspeed
     assert param_diff == 0.0
 
 
-@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("stage", COMPARED_STAGES)
 def test_deepspeed_matches_our_zero_within_tolerance_on_4_ranks(stage) -> None:
     ours, deepspeed, param_diff = losses(N4)[stage]
     assert ours == deepspeed
@@ -79,7 +79,7 @@ def test_the_stage_does_not_change_the_arithmetic() -> None:
         assert table[1][0] == table[2][0] == table[3][0]
 
 
-@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("stage", COMPARED_STAGES)
 def test_bytes_held_are_the_formula_and_deepspeeds_master_copy(stage) -> None:
     ours_w, ds_w, ours_o, ds_o = (int(v) for v in HELD[str(stage)])
     formula = zero_state_bytes(PSI, stage=stage, world_size=2, precision="fp32")
@@ -99,7 +99,7 @@ def test_persistent_weights_stay_whole_beside_their_shards() -> None:
     assert int(gathers) == 1 + len(whole)  # one per whole weight after each step, one more
 
 
-@pytest.mark.parametrize("stage", STAGES)
+@pytest.mark.parametrize("stage", COMPARED_STAGES)
 def test_traffic_ours_is_the_papers_deepspeeds_defaults_differ_by_one_psi(stage) -> None:
     ours, deepspeed = (float(v) for v in MOVED[str(stage)][:2])
     assert ours == zero_traffic(stage)  # 2Ψ, 2Ψ, 3Ψ

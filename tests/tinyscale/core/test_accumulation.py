@@ -4,8 +4,6 @@ one k-times-larger batch, no_sync leaves one all-reduce per bucket per optimizer
 activations alive during accumulation is one micro-batch's, not the effective batch's.
 """
 
-import tempfile
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -64,28 +62,23 @@ def test_accumulation_holds_the_activations_of_one_micro_batch() -> None:
     assert one.peak == full  # ... one batch of 32 holds those of 32
 
 
-def test_no_sync_all_reduces_once_per_optimizer_step(tmp_path) -> None:
-    store = tempfile.mkdtemp(dir=tmp_path)
-    dist.init_process_group("gloo", init_method=f"file://{store}/s", rank=0, world_size=1)
-    try:
-        torch.manual_seed(0)
-        ddp = nn.parallel.DistributedDataParallel(TinyTransformer(CFG))
-        calls: list[int] = []
+def test_no_sync_all_reduces_once_per_optimizer_step(process_group_of_one) -> None:
+    torch.manual_seed(0)
+    ddp = nn.parallel.DistributedDataParallel(TinyTransformer(CFG))
+    calls: list[int] = []
 
-        def count(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-            calls.append(bucket.index())
-            fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
-            return fut.then(lambda f: f.value()[0])  # the all-reduced bucket
+    def count(state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+        calls.append(bucket.index())
+        fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+        return fut.then(lambda f: f.value()[0])  # the all-reduced bucket
 
-        ddp.register_comm_hook(None, count)
-        x = batch(32)
-        micro = [(x[i : i + 8], x[i : i + 8]) for i in (0, 8, 16, 24)]
-        accumulate_gradients(ddp, micro)
-        per_step = len(calls)  # buckets all-reduced for one optimizer step of 4 micro-batches
-        calls.clear()
-        for mb in micro:  # without no_sync: every backward all-reduces every bucket
-            _, loss = ddp(*mb)
-            loss.backward()
-        assert per_step >= 1 and len(calls) == 4 * per_step
-    finally:
-        dist.destroy_process_group()
+    ddp.register_comm_hook(None, count)
+    x = batch(32)
+    micro = [(x[i : i + 8], x[i : i + 8]) for i in (0, 8, 16, 24)]
+    accumulate_gradients(ddp, micro)
+    per_step = len(calls)  # buckets all-reduced for one optimizer step of 4 micro-batches
+    calls.clear()
+    for mb in micro:  # without no_sync: every backward all-reduces every bucket
+        _, loss = ddp(*mb)
+        loss.backward()
+    assert per_step >= 1 and len(calls) == 4 * per_step

@@ -28,14 +28,13 @@ from torch import nn
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError
+from tinyscale.core.memory import MiB
 from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel.ddp import ForgetfulDDP, NaiveDDP, update_size_ratio
 from tinyscale.data_parallel.ddp_buckets import (
-    MB,
     PARITY_TOLERANCE,
     BucketedDDP,
     OverlappedDDP,
-    assign_buckets,
     compare_with_torch_ddp,
 )
 
@@ -102,9 +101,9 @@ def multi_rank_facts(full: bool) -> dict:
 
     # collective counts and the order of events, seen from outside the classes
     torch.manual_seed(rank)
-    from tinyscale.data_parallel.ddp import rank_batch
+    from tinyscale.data_parallel.ddp import random_batch
 
-    batch = rank_batch(CFG, batch_size=2, seq_len=8, step=0, seed=1)
+    batch = random_batch(CFG, batch_size=2, seq_len=8, step=0, seed=1)
     for name, wrap in {
         "naive": NaiveDDP,
         "bucketed": functools.partial(BucketedDDP, bucket_cap_mb=CAP_MB),
@@ -149,7 +148,7 @@ def multi_rank_facts(full: bool) -> dict:
     # no_sync: two micro-batches, one all-reduce per bucket, the same grads as one batch
     torch.manual_seed(0)
     base = TinyTransformer(CFG)
-    micro = [rank_batch(CFG, batch_size=2, seq_len=8, step=s, seed=2) for s in (0, 1)]
+    micro = [random_batch(CFG, batch_size=2, seq_len=8, step=s, seed=2) for s in (0, 1)]
     ours = OverlappedDDP(TinyTransformer(CFG), bucket_cap_mb=CAP_MB)
     ours.module.load_state_dict(base.state_dict())
     log: list = []
@@ -255,23 +254,8 @@ def test_buckets_hold_every_trainable_parameter_once_in_reverse_order(facts) -> 
     r = ranks[0]["bucketed"]
     flat = [pid for bucket in r["buckets"] for pid in bucket]
     assert flat == r["order"][::-1]
-    cap = int(CAP_MB * MB)
+    cap = int(CAP_MB * MiB)
     assert all(nbytes >= cap for nbytes in r["bucket_bytes"][:-1]), "only the last is short"
-
-
-def test_bucket_assignment_is_torchs_rule() -> None:
-    params = [p for p in TinyTransformer(CFG).parameters()][::-1]
-    for cap_mb in (0.001, 0.01, 0.05, 1.0, 25.0):
-        cap = int(cap_mb * MB)
-        ours = assign_buckets([p.numel() * p.element_size() for p in params], cap_bytes=cap)
-        torchs, _ = dist._compute_bucket_assignment_by_size(params, [cap], [False] * len(params))
-        assert ours == torchs, cap_mb
-
-
-def test_assign_buckets_by_hand() -> None:
-    assert assign_buckets([40, 4000, 400, 400_000, 20], cap_bytes=1000) == [[0, 1], [2, 3], [4]]
-    assert assign_buckets([5000], cap_bytes=1000) == [[0]], "too big: a bucket of its own"
-    assert assign_buckets([1, 2, 3], cap_bytes=10**9) == [[0, 1, 2]]
 
 
 # --- overlap -------------------------------------------------------------------------------

@@ -13,13 +13,15 @@ import torch
 
 from tinyscale.core.config import ModelConfig, preset
 from tinyscale.core.errors import UsageError, run_cli
-from tinyscale.core.memory import activation_bytes
+from tinyscale.core.memory import activation_bytes, model_state_bytes
 from tinyscale.core.model import TinyTransformer, count_parameters
 from tinyscale.data_parallel.memory_calculator import (
     activation_bytes_estimate,
     estimate,
     main,
     zero_state_bytes,
+    zero_step_bytes,
+    zero_traffic,
 )
 
 SMALL = preset("tiny", num_hidden_layers=3)
@@ -121,7 +123,7 @@ def test_hybrid_sharding_divides_by_the_group_not_the_world(stage) -> None:
 
 @pytest.mark.parametrize(
     ("argv", "message"),
-    [(["--stage", "4"], "ZeRO stage must be 0, 1, 2 or 3"),
+    [(["--stage", "4"], "ZeRO stage 4 does not exist: use --stage 0, 1, 2 or 3"),
      (["--precision", "fp8"], "invalid choice: 'fp8'"),
      (["--world-size", "0"], "world size must be at least 1"),
      (["--micro-batch", "0"], "micro-batch must be >= 1"),
@@ -136,3 +138,53 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, capsys) -> None:
 def test_unknown_precision_in_the_api_names_the_choices() -> None:
     with pytest.raises(UsageError, match=r"unknown precision .*: use one of fp32, bf16, fp16"):
         zero_state_bytes(1000, stage=0, world_size=1, precision="int4")
+
+
+# --- the ZeRO formulas at the paper's scale (Rajbhandari et al. 2020, Figure 1, §7.2) ---
+
+PSI = 7_000_000_000  # a 7B model, the paper's running example size
+
+
+@pytest.mark.parametrize(
+    ("stage", "per_param"),
+    [
+        (0, 2 + 2 + 12),  # 16 Ψ: what plain data parallelism keeps on every GPU
+        (1, 2 + 2 + 12 / 64),  # 4Ψ + 12Ψ/N
+        (2, 2 + (2 + 12) / 64),  # 2Ψ + 14Ψ/N
+        (3, 16 / 64),  # 16Ψ/N
+    ],
+)
+def test_zero_bytes_per_rank_on_64_gpus(stage: int, per_param: float) -> None:
+    got = zero_state_bytes(PSI, stage=stage, world_size=64, precision="bf16")
+    assert got.total == pytest.approx(per_param * PSI, rel=1e-9)
+
+
+def test_stage_0_is_the_mixed_precision_estimate_of_session_a() -> None:
+    assert zero_state_bytes(PSI, stage=0, world_size=8, precision="bf16") == model_state_bytes(
+        PSI, "bf16"
+    )
+
+
+def test_one_rank_saves_nothing() -> None:
+    assert {
+        zero_state_bytes(10**6, stage=s, world_size=1, precision="bf16").total for s in range(4)
+    } == {16 * 10**6}
+
+
+@pytest.mark.parametrize(
+    ("stage", "world", "words"),
+    [(4, 2, "ZeRO stage 4 does not exist"), (-1, 2, "ZeRO stage -1"), (1, 0, "world size")],
+)
+def test_bad_stage_or_world(stage: int, world: int, words: str) -> None:
+    with pytest.raises(UsageError, match=words):
+        zero_state_bytes(100, stage=stage, world_size=world)
+    with pytest.raises(UsageError, match="ZeRO stage 4 does not exist"):
+        zero_traffic(4)
+
+
+def test_traffic_paper_values() -> None:
+    assert [zero_traffic(s) for s in range(4)] == [2, 2, 2, 3]
+    assert zero_traffic(3, shared=0.25) == 3.5  # a quarter of Ψ gathered twice per pass
+    # the ring's exact cost is (N-1)/N of it; the paper's is the large-N limit
+    assert zero_step_bytes(stage=3, numel=1000, world=4) == 3 * 3 / 4 * 1000 * 4
+    assert zero_step_bytes(stage=1, numel=1000, world=10**6) == pytest.approx(2 * 4000, rel=1e-5)

@@ -23,9 +23,9 @@ import torch
 
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.errors import UsageError
-from tinyscale.data_parallel.memory_calculator import zero_state_bytes
+from tinyscale.data_parallel.memory_calculator import zero_state_bytes, zero_step_bytes
 from tinyscale.data_parallel.zero import FlatAdamW, ZeRO
-from tinyscale.data_parallel.zero_vs_ddp import bad_world_size, compare_stages, zero_step_bytes
+from tinyscale.data_parallel.zero_vs_ddp import bad_world_size, compare_stages
 
 # Ours and DDP sum the same gradients, but gloo's all-reduce over DDP's buckets and our
 # reduce-scatter over our flat units may add an element's N terms in another order:
@@ -112,9 +112,9 @@ def test_world_size_larger_than_a_unit_is_a_one_line_error(world_facts) -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"stage": 4}, "ZeRO stage must be 0, 1, 2 or 3"),
+    [({"stage": 4}, "ZeRO stage 4 does not exist: use --stage 0, 1, 2 or 3"),
      ({"stage": 1, "optimizer": "sgd"}, "'sgd' is not supported by tinyscale.data_parallel.zero: use 'adamw'"),
-     ({"stage": 1}, "no process group")],
+     ({"stage": 1}, "needs a process group")],
 )  # fmt: skip
 def test_bad_input_is_a_one_line_usage_error(kwargs, message) -> None:
     with pytest.raises(UsageError, match=message) as err:

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 from tinyscale.core.errors import UsageError
+from tinyscale.core.memory import MiB
 from tinyscale.ops.allocator import (
     LARGE_BUFFER,
     MIN_BLOCK,
     SMALL_BUFFER,
     AllocatorConfig,
     CachingAllocator,
-    MiB,
     OutOfMemory,
     round_size,
     segment_size,

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from tinyscale.core.errors import UsageError
-from tinyscale.ops.allocator import AllocatorConfig, MiB
+from tinyscale.core.memory import MiB
+from tinyscale.ops.allocator import AllocatorConfig
 from tinyscale.ops.fragmentation import (
     SETTINGS,
     main,
