@@ -1,4 +1,4 @@
-"""The built site in a real headless browser, with no network (DESIGN.md §5).
+"""The built site in a real headless browser, with no network (ARCHITECTURE.md §5).
 
 Builds the site with `mkdocs build --strict` into a temporary directory, serves it on
 127.0.0.1 and opens every page in Chromium. A page fails on: a console error, an uncaught

@@ -1,4 +1,4 @@
-"""The literate-code contract (DESIGN.md §2): what the pages show is what code/ holds.
+"""The literate-code contract (ARCHITECTURE.md §5): what the pages show is what code/ holds.
 
 Pages include sections of the modules under code/ with pymdownx.snippets:
 
@@ -64,7 +64,7 @@ RE_TITLE = re.compile(r"""title=(?P<q>["'])(?P<title>.*?)(?P=q)""")
 RE_FENCE = re.compile(r"^[ \t]*(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 SNIP = "8<-"  # every snippet notation contains this
 
-# Fences pytest-codeblocks 0.18 collects and runs (DESIGN.md §7).
+# Fences pytest-codeblocks 0.18 collects and runs (ARCHITECTURE.md §5).
 EXECUTED_FENCES = {"python", "bash", "sh"}
 # Modules whose every line must appear on some page.
 SHOWN_DIRS = ("code/tinyscale", "code/scripts")
