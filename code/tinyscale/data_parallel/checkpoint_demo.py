@@ -13,12 +13,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tinyscale.core.checkpoint import latest_checkpoint
 from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel.dcp_checkpoint import full_tensors, load_dcp, save_dcp, shard_state
 from tinyscale.data_parallel.ranked_checkpoint import (
-    latest_complete,
     load_ranked,
     rank_file,
     rank_state,
@@ -75,7 +75,7 @@ def ranked_worker(ckpt_dir: str, step: int, crash: bool = False, device_type: st
 def resume_worker(ckpt_dir: str, device_type: str = "cpu") -> str:
     """Find the newest complete checkpoint, read this rank's file, continue its RNG."""
     rank, world, device = dist.get_rank(), dist.get_world_size(), use_device(device_type)
-    directory = latest_complete(ckpt_dir)
+    directory = latest_checkpoint(ckpt_dir)
     if directory is None:
         raise UsageError(f"no complete checkpoint in {ckpt_dir}: train first")
     model = TinyTransformer(preset("micro")).to(device)

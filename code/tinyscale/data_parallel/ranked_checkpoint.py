@@ -19,10 +19,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tinyscale.core.checkpoint import load_checkpoint, save_checkpoint
+from tinyscale.core.checkpoint import MANIFEST, load_checkpoint, save_checkpoint
 from tinyscale.core.errors import UsageError
 
-MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "tinyscale.ranked_checkpoint.v1"
 # --8<-- [end:header]
 
@@ -100,26 +99,18 @@ def save_ranked(state: dict[str, Any], ckpt_dir: str | Path, *, step: int) -> Pa
 
 
 # --8<-- [start:load]
-def latest_complete(ckpt_dir: str | Path) -> Path | None:
-    """The newest step directory that has a manifest; incomplete ones are skipped."""
-    for directory in sorted(Path(ckpt_dir).glob("step_*"), reverse=True):
-        if (directory / MANIFEST).is_file():
-            return directory
-    return None
-
-
 def read_manifest(directory: str | Path) -> dict[str, Any]:
     directory = Path(directory)
     if not directory.is_dir():
         raise UsageError(
             f"checkpoint directory {directory} not found: check the path, or pass "
-            "latest_complete(<ckpt_dir>)"
+            "latest_checkpoint(<ckpt_dir>)"
         )
     path = directory / MANIFEST
     if not path.is_file():
         raise UsageError(
             f"{directory} has no {MANIFEST}: the save never finished (a rank died before "
-            "rank 0 committed it); load latest_complete(<ckpt_dir>) instead"
+            "rank 0 committed it); load latest_checkpoint(<ckpt_dir>) instead"
         )
     manifest = json.loads(path.read_text())  # written atomically: complete or absent
     if manifest.get("format") != MANIFEST_FORMAT:

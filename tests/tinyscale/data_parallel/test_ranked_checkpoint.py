@@ -16,6 +16,7 @@ import torch
 
 from helpers import TIMEOUTS, one_line_error
 from tinyscale.comm.launch import RankFailed, run_on_ranks
+from tinyscale.core.checkpoint import MANIFEST, latest_checkpoint
 from tinyscale.core.config import preset
 from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel import ranked_checkpoint as rc
@@ -41,7 +42,7 @@ def test_ranked_layout_and_manifest(ranked: dict[str, Any]) -> None:
         "rank_00000.pt",
         "rank_00001.pt",
     ]
-    manifest = json.loads((directory / rc.MANIFEST).read_text())
+    manifest = json.loads((directory / MANIFEST).read_text())
     assert manifest["world_size"] == 2 and manifest["step"] == 10
     for rank, entry in enumerate(manifest["files"]):
         path = rc.rank_file(directory, rank)
@@ -79,9 +80,9 @@ def test_crash_before_manifest_is_never_loaded(ranked: dict[str, Any]) -> None:
     crashed = rc.step_dir(ranked["dir"], 20)
     # every rank file of step 20 was written, but no manifest: the save is incomplete
     assert sorted(p.name for p in crashed.iterdir()) == ["rank_00000.pt", "rank_00001.pt"]
-    assert rc.latest_complete(ranked["dir"]) == rc.step_dir(ranked["dir"], 10)
+    assert latest_checkpoint(ranked["dir"]) == rc.step_dir(ranked["dir"], 10)
     message = one_line_error(rc.load_ranked, crashed, rank=0, world_size=2)
-    assert "has no manifest.json" in message and "latest_complete" in message
+    assert "has no manifest.json" in message and "latest_checkpoint(<ckpt_dir>)" in message
 
 
 def test_resume_continues_every_ranks_random_stream(ranked: dict[str, Any]) -> None:
@@ -130,9 +131,9 @@ def test_world_size_mismatch_names_the_fix(copy: Path) -> None:
 def test_missing_directory_and_incomplete(copy: Path, tmp_path: Path) -> None:
     message = one_line_error(rc.load_ranked, tmp_path / "nope", rank=0, world_size=2)
     assert "not found" in message
-    (copy / rc.MANIFEST).unlink()
-    assert rc.latest_complete(tmp_path) is None  # the only step directory is incomplete
-    assert rc.latest_complete(tmp_path / "nope") is None
+    (copy / MANIFEST).unlink()
+    assert latest_checkpoint(tmp_path) is None  # the only step directory is incomplete
+    assert latest_checkpoint(tmp_path / "nope") is None
 
 
 def test_manifest_write_failure_leaves_nothing(
