@@ -62,13 +62,14 @@ def ranked_worker(ckpt_dir: str, step: int, crash: bool = False, device_type: st
     model(x, x)[1].backward()
     optimizer.step()
     torch.manual_seed(1000 + rank)  # ...but every rank has its own random stream
-    state = rank_state(model, optimizer, sampler={"epoch": 0, "position": 8 * step})
+    sampler = {"epoch": 0, "position": 8 * step}
+    state = rank_state(model, optimizer, step=step, device=device, sampler=sampler)
     if crash:
-        write_rank_file({**state, "step": step}, step_dir(ckpt_dir, step))
+        write_rank_file(state, step_dir(ckpt_dir, step))
         if rank == 0:
             os._exit(1)  # rank 0 dies after every rank file is written, before the manifest
     path = rank_file(save_ranked(state, ckpt_dir, step=step), rank)
-    draw = torch.rand(1).item()  # CPU stream: dropout on a GPU draws from rng_cuda
+    draw = torch.rand(1).item()  # CPU stream: dropout on a GPU draws from rng_device
     return f"rank {rank} wrote {path.name} ({path.stat().st_size:,} bytes), next draw {draw:.6f}"
 
 
@@ -81,7 +82,7 @@ def resume_worker(ckpt_dir: str, device_type: str = "cpu") -> str:
     model = TinyTransformer(preset("micro")).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     state = load_ranked(directory, rank=rank, world_size=world)
-    at = restore_rank_state(state, model, optimizer)["position"]
+    at = restore_rank_state(state, model, optimizer, device=device)["position"]
     draw = torch.rand(1).item()
     return f"rank {rank} resumed {directory.name} at sample {at}, next draw {draw:.6f}"
 

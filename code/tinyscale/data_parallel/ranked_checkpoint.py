@@ -19,7 +19,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tinyscale.core.checkpoint import MANIFEST, load_checkpoint, save_checkpoint
+from tinyscale.core.checkpoint import (
+    MANIFEST,
+    load_checkpoint,
+    restore_training_state,
+    save_checkpoint,
+    training_state,
+)
 from tinyscale.core.errors import UsageError
 
 MANIFEST_FORMAT = "tinyscale.ranked_checkpoint.v1"
@@ -148,24 +154,25 @@ def load_ranked(directory: str | Path, *, rank: int, world_size: int) -> dict[st
 
 
 # --8<-- [start:rank_state]
-def rank_state(model: nn.Module, optimizer: torch.optim.Optimizer, *, sampler: dict) -> dict:
-    """What one rank needs to go on exactly: weights, optimizer, its RNG, its data position."""
-    return {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "rng_cpu": torch.get_rng_state(),  # this rank's dropout masks continue where they were
-        "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None,
-        "sampler": dict(sampler),  # e.g. {"epoch": 0, "position": 40}: where its shard stops
-    }
+def rank_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, *, step: int, device: torch.device,
+    sampler: dict[str, int],
+) -> dict[str, Any]:  # fmt: skip
+    """What one rank needs to go on exactly: the training state of Session A — weights,
+    optimizer, step, this rank's RNG — plus where this rank's shard of the data stops,
+    ``sampler`` = {"epoch": 0, "position": 40}."""
+    return training_state(
+        model=model, optimizer=optimizer, cfg=None, step=step, epoch=sampler["epoch"],
+        device=device, sampler=dict(sampler),
+    )  # fmt: skip
 
 
-def restore_rank_state(state: dict, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+def restore_rank_state(
+    state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, *,
+    device: torch.device,
+) -> dict[str, int]:  # fmt: skip
     """The inverse of rank_state; returns the sampler position to start the data from."""
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["rng_cpu"])
-    if state["rng_cuda"] is not None:
-        torch.cuda.set_rng_state(state["rng_cuda"])
+    restore_training_state(state, model, optimizer, device=device)  # RNG: this rank's own
     return state["sampler"]
 
 

@@ -6,6 +6,7 @@ the rank files and the manifest, a resume on 2 ranks. Bad input is checked in th
 process on copies of the fixture.
 """
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -51,7 +52,8 @@ def test_ranked_layout_and_manifest(ranked: dict[str, Any]) -> None:
 
 
 def test_ranked_file_holds_this_ranks_state(ranked: dict[str, Any]) -> None:
-    """Weights equal a single-process replica of the same step; RNG and sampler are per rank."""
+    """Core's training state (no train config) plus the sampler; weights equal a single-process
+    replica of the same step; RNG and sampler are per rank."""
     directory = rc.step_dir(ranked["dir"], 10)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the workers: other thread counts sum in another order
@@ -67,7 +69,9 @@ def test_ranked_file_holds_this_ranks_state(ranked: dict[str, Any]) -> None:
     states = [rc.load_ranked(directory, rank=r, world_size=2) for r in (0, 1)]
     for rank, state in enumerate(states):
         assert (state["rank"], state["world_size"], state["step"]) == (rank, 2, 10)
-        assert state["sampler"] == {"epoch": 0, "position": 80}
+        assert state["sampler"] == {"epoch": 0, "position": 80} and state["epoch"] == 0
+        assert state["model_config"] == dataclasses.asdict(preset("micro"))
+        assert state["train_config"] is None and state["rng_device"] is None  # CPU ranks
         # bitwise: the file holds exactly the replica's weights
         assert all(torch.equal(state["model"][k], v) for k, v in model.state_dict().items())
         torch.manual_seed(1000 + rank)
