@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from tinyscale.core.checkpoint import latest_checkpoint
 from tinyscale.core.config import preset
+from tinyscale.core.device import select_device
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel.dcp_checkpoint import full_tensors, load_dcp, save_dcp, shard_state
@@ -39,12 +40,12 @@ def demo_params(seed: int = 0, device: str | torch.device = "cpu") -> dict[str, 
     return {name: p.detach() for name, p in model.named_parameters()}
 
 
-def use_device(device_type: str) -> torch.device:
-    """cpu, or this rank's own GPU picked by LOCAL_RANK (set before nccl's first call)."""
-    if device_type != "cuda":
-        return torch.device("cpu")
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-    torch.cuda.set_device(device)
+def rank_device(device_type: str) -> torch.device:
+    """This rank's device, from the course's one picker: cpu, or the GPU its LOCAL_RANK
+    names, made current before nccl's first call."""
+    device = select_device(device_type, local_rank=int(os.environ["LOCAL_RANK"]))
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     return device
 
 
@@ -54,7 +55,7 @@ def use_device(device_type: str) -> torch.device:
 # --8<-- [start:demo_ranked]
 def ranked_worker(ckpt_dir: str, step: int, crash: bool = False, device_type: str = "cpu") -> str:
     """Train one step, save a ranked checkpoint, draw the next random number as evidence."""
-    rank, device = dist.get_rank(), use_device(device_type)
+    rank, device = dist.get_rank(), rank_device(device_type)
     torch.manual_seed(0)  # the same initial weights on every rank, as DDP has
     model = TinyTransformer(preset("micro")).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -75,7 +76,7 @@ def ranked_worker(ckpt_dir: str, step: int, crash: bool = False, device_type: st
 
 def resume_worker(ckpt_dir: str, device_type: str = "cpu") -> str:
     """Find the newest complete checkpoint, read this rank's file, continue its RNG."""
-    rank, world, device = dist.get_rank(), dist.get_world_size(), use_device(device_type)
+    rank, world, device = dist.get_rank(), dist.get_world_size(), rank_device(device_type)
     directory = latest_checkpoint(ckpt_dir)
     if directory is None:
         raise UsageError(f"no complete checkpoint in {ckpt_dir}: train first")
@@ -97,7 +98,7 @@ def _local_shapes(state: dict[str, Any]) -> dict[str, tuple[int, ...]]:
 
 def dcp_save_worker(path: str, device_type: str = "cpu", background: bool = False) -> dict:
     """Save the tiny model's parameters, three of them sharded by rows; return my shapes."""
-    state = shard_state(demo_params(0, use_device(device_type)), device_type, SHARDED)
+    state = shard_state(demo_params(0, rank_device(device_type)), device_type, SHARDED)
     done = save_dcp(state, path, background=background)
     if background:
         done.result(timeout=60)  # training would run here; wait before the next save
@@ -106,7 +107,7 @@ def dcp_save_worker(path: str, device_type: str = "cpu", background: bool = Fals
 
 def dcp_load_worker(path: str, device_type: str = "cpu") -> tuple[bool, dict]:
     """Load into a template of *this* world size; compare the whole tensors bit for bit."""
-    device = use_device(device_type)
+    device = rank_device(device_type)
     template = {name: torch.zeros_like(t) for name, t in demo_params(0, device).items()}
     state = load_dcp(shard_state(template, device_type, SHARDED), path)
     reloaded, saved = full_tensors(state), full_tensors(demo_params(0, device))
