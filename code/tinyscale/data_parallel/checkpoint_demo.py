@@ -30,6 +30,7 @@ from tinyscale.data_parallel.ranked_checkpoint import (
 )
 
 SHARDED = ("tok_emb.weight", "blocks.0.attn.qkv.weight", "blocks.0.ffn.up.weight")
+Shapes = dict[str, tuple[int, ...]]  # each sharded weight's local shape on this rank
 
 
 def demo_params(seed: int = 0, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
@@ -92,11 +93,11 @@ def resume_worker(ckpt_dir: str, device_type: str = "cpu") -> str:
 
 
 # --8<-- [start:demo_dcp]
-def _local_shapes(state: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+def _local_shapes(state: dict[str, Any]) -> Shapes:
     return {name: tuple(state[name].to_local().shape) for name in SHARDED}
 
 
-def dcp_save_worker(path: str, device_type: str = "cpu", background: bool = False) -> dict:
+def dcp_save_worker(path: str, device_type: str = "cpu", background: bool = False) -> Shapes:
     """Save the tiny model's parameters, three of them sharded by rows; return my shapes."""
     state = shard_state(demo_params(0, rank_device(device_type)), device_type, SHARDED)
     done = save_dcp(state, path, background=background)
@@ -105,7 +106,7 @@ def dcp_save_worker(path: str, device_type: str = "cpu", background: bool = Fals
     return _local_shapes(state)
 
 
-def dcp_load_worker(path: str, device_type: str = "cpu") -> tuple[bool, dict]:
+def dcp_load_worker(path: str, device_type: str = "cpu") -> tuple[bool, Shapes]:
     """Load into a template of *this* world size; compare the whole tensors bit for bit."""
     device = rank_device(device_type)
     template = {name: torch.zeros_like(t) for name, t in demo_params(0, device).items()}
