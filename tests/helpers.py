@@ -8,8 +8,15 @@ import importlib.util
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
+
+import pytest
+
+from tinyscale.core.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
+# run_on_ranks' bounds, spelled out: every wait bounded, so a hang fails the test
+TIMEOUTS = {"timeout_s": 30.0, "deadline_s": 120.0}
 
 
 def load_script(name: str) -> ModuleType:
@@ -33,3 +40,12 @@ def recorded_output(page: str, after: str) -> list[str]:
     text = text[text.index(after) :]
     start = text.index("```text\n") + len("```text\n")
     return [line.strip() for line in text[start : text.index("```", start)].splitlines()]
+
+
+def one_line_error(fn: Any, *args: Any, **kwargs: Any) -> str:
+    """The message of the UsageError ``fn(*args, **kwargs)`` raises, checked to be one line."""
+    with pytest.raises(UsageError) as info:
+        fn(*args, **kwargs)
+    message = str(info.value)
+    assert message and "\n" not in message, f"not one line: {message!r}"
+    return message

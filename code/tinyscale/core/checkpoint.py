@@ -89,11 +89,12 @@ def training_state(
 
     The weights and Adam's state, the step, the random-number state that draws the next
     dropout masks, the loss scaler's scale (fp16), the configs it was trained with, and
-    the metrics so far. ``extra``: what one script adds, e.g. its world size.
+    the metrics so far. ``extra``: what one script adds, e.g. its world size. ``cfg=None``:
+    a state with no training config (Session C's ranked checkpoints).
     """
     return {
         "model_config": dataclasses.asdict(model.cfg),
-        "train_config": dataclasses.asdict(cfg),
+        "train_config": dataclasses.asdict(cfg) if cfg is not None else None,
         "step": step,
         "epoch": epoch,
         "model": model.state_dict(),

@@ -7,7 +7,9 @@ tinyscale.core and tinyscale.comm.
 
     module              taught on
     ddp_training        workshop/lab-2.md
-    sharded_checkpoint  workshop/checkpoints.md
+    ranked_checkpoint   workshop/checkpoints.md
+    dcp_checkpoint      workshop/checkpoints.md
+    checkpoint_demo     workshop/checkpoints.md
     data_sharding       week-1/data-sharding.md
     ddp                 week-1/ddp-from-scratch.md
     ddp_buckets         week-1/ddp-from-scratch.md

@@ -28,9 +28,9 @@ from tinyscale.comm.counter import CollectiveCounter
 from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError, run_cli
 from tinyscale.core.model import TinyTransformer
+from tinyscale.data_parallel.dcp_checkpoint import load_dcp, save_dcp
 from tinyscale.data_parallel.ddp import random_batch
 from tinyscale.data_parallel.memory_calculator import check_shard_size
-from tinyscale.data_parallel.sharded_checkpoint import load_dcp, save_dcp
 from tinyscale.data_parallel.zero import ZeRO
 
 # --8<-- [end:header]

@@ -18,6 +18,7 @@ from tinyscale.core.checkpoint import FORMAT, describe_checkpoint, load_checkpoi
 from tinyscale.core.config import ModelConfig, preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import TinyTransformer
+from tinyscale.core.training import TrainConfig
 
 CFG = preset("micro")
 
@@ -199,6 +200,22 @@ def test_describe_checkpoint_lists_tensors_and_their_bytes(tmp_path: Path) -> No
 
 def _bytes_of(line: str) -> re.Match[str] | None:
     return re.search(r"([\d,]+) B$", line)
+
+
+def test_training_state_with_and_without_a_train_config(tmp_path: Path) -> None:
+    """cfg=None (Session C's ranked checkpoints): "train_config" is None, the rest as usual."""
+    model = TinyTransformer(CFG)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    kwargs = {"model": model, "optimizer": optimizer, "step": 3, "epoch": 1}
+    cpu = torch.device("cpu")
+    with_cfg = ckpt.training_state(**kwargs, cfg=TrainConfig(), device=cpu)
+    assert with_cfg["train_config"] == dataclasses.asdict(TrainConfig())
+    state = ckpt.training_state(**kwargs, cfg=None, device=cpu, sampler={"position": 8})
+    assert state["train_config"] is None and state["model_config"] == dataclasses.asdict(CFG)
+    assert (state["step"], state["epoch"], state["sampler"]) == (3, 1, {"position": 8})
+    assert state["rng_device"] is None and torch.equal(state["rng_cpu"], torch.get_rng_state())
+    loaded = load_checkpoint(save_checkpoint(state, tmp_path / "s.pt"), expect=CFG)
+    assert loaded["train_config"] is None  # weights_only loads it back
 
 
 def test_latest_checkpoint_is_the_newest_complete_one(tmp_path: Path) -> None:

@@ -1,0 +1,179 @@
+# --8<-- [start:header]
+"""Ranked checkpoints: every rank writes its own file atomically, then rank 0 writes a manifest last.
+
+Try it:  python -c "from tinyscale.comm.launch import run_on_ranks as run; from tinyscale.data_parallel.checkpoint_demo import ranked_worker; print(run(ranked_worker, 2, 'runs/checkpoints/ranked', 10))"
+
+One process writes one file atomically (``tinyscale.core.checkpoint``). N ranks on several
+nodes need a protocol: every rank writes its own file atomically, all meet at a barrier,
+and only then does rank 0 write a small manifest — last, and atomically. A directory
+without its manifest is incomplete and is never loaded.
+"""
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from tinyscale.core.checkpoint import (
+    MANIFEST,
+    load_checkpoint,
+    restore_training_state,
+    save_checkpoint,
+    training_state,
+)
+from tinyscale.core.errors import UsageError
+
+MANIFEST_FORMAT = "tinyscale.ranked_checkpoint.v1"
+# --8<-- [end:header]
+
+
+# --8<-- [start:layout]
+def step_dir(ckpt_dir: str | Path, step: int) -> Path:
+    """ckpt_dir/step_000010: one directory per checkpoint, sorted by name = sorted by step."""
+    return Path(ckpt_dir) / f"step_{step:06d}"
+
+
+def rank_file(directory: str | Path, rank: int) -> Path:
+    return Path(directory) / f"rank_{rank:05d}.pt"
+
+
+def file_entry(path: Path) -> dict[str, Any]:
+    """What the manifest records for one rank's file: its name, size and sha256."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {"file": path.name, "bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+# --8<-- [end:layout]
+
+
+# --8<-- [start:save]
+def write_rank_file(state: dict[str, Any], directory: Path) -> list[dict[str, Any]]:
+    """Phase 1, every rank: write my own file atomically, then wait for all the others.
+
+    Returns every rank's manifest entry. The all-gather is the barrier: it returns on no
+    rank before every rank has written, fsynced and renamed its file.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    path = save_checkpoint({**state, "rank": rank, "world_size": world}, rank_file(directory, rank))
+    entries: list[Any] = [None] * world
+    dist.all_gather_object(entries, file_entry(path))  # each rank hashes its own file
+    return entries
+
+
+def write_manifest(directory: Path, manifest: dict[str, Any]) -> Path:
+    """Phase 2, rank 0 only: the commit. Temp file, fsync, rename — as save_checkpoint does.
+
+    JSON rather than torch.save, so ``cat manifest.json`` shows what a checkpoint holds.
+    """
+    path, tmp = directory / MANIFEST, directory / f".{MANIFEST}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(manifest, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fd = os.open(directory, os.O_RDONLY)  # make the rename itself survive a power cut
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return path
+
+
+def save_ranked(state: dict[str, Any], ckpt_dir: str | Path, *, step: int) -> Path:
+    """Every rank calls this with its own state; returns the committed step directory."""
+    directory = step_dir(ckpt_dir, step)
+    entries = write_rank_file({**state, "step": step}, directory)
+    if dist.get_rank() == 0:
+        manifest = {"format": MANIFEST_FORMAT, "step": step, "world_size": len(entries)}
+        write_manifest(directory, {**manifest, "files": entries})
+    dist.barrier()  # no rank moves on (or deletes an older checkpoint) before the commit
+    return directory
+
+
+# --8<-- [end:save]
+
+
+# --8<-- [start:load]
+def read_manifest(directory: str | Path) -> dict[str, Any]:
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise UsageError(
+            f"checkpoint directory {directory} not found: check the path, or pass "
+            "latest_checkpoint(<ckpt_dir>)"
+        )
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise UsageError(
+            f"{directory} has no {MANIFEST}: the save never finished (a rank died before "
+            "rank 0 committed it); load latest_checkpoint(<ckpt_dir>) instead"
+        )
+    manifest = json.loads(path.read_text())  # written atomically: complete or absent
+    if manifest.get("format") != MANIFEST_FORMAT:
+        raise UsageError(f"{path} is not a tinyscale manifest: pass a directory from save_ranked")
+    return manifest
+
+
+def load_ranked(directory: str | Path, *, rank: int, world_size: int) -> dict[str, Any]:
+    """Each rank reads its own file, after checking it against the manifest."""
+    manifest = read_manifest(directory)
+    saved = manifest["world_size"]
+    if saved != world_size:
+        raise UsageError(
+            f"{directory} was saved by {saved} ranks but this job has {world_size}: relaunch "
+            f"with {saved} ranks, or save a DCP checkpoint (save_dcp) and reshard with load_dcp"
+        )
+    path, expected = rank_file(directory, rank), manifest["files"][rank]
+    if not path.is_file():
+        raise UsageError(
+            f"{path} is missing but {MANIFEST} lists it: node-local disk? copy it to storage "
+            "every node sees, or resume from an earlier checkpoint"
+        )
+    found = file_entry(path)
+    if found != expected:  # cut short by a full disk or a failed copy, or altered since
+        why = (
+            f"{found['bytes']:,} bytes, {MANIFEST} lists {expected['bytes']:,}"
+            if found["bytes"] != expected["bytes"]
+            else f"its sha256 differs from {MANIFEST}'s"
+        )
+        raise UsageError(f"{path} is damaged ({why}): resume from an earlier checkpoint")
+    return load_checkpoint(path)  # weights_only: tensors and plain data, never code
+
+
+# --8<-- [end:load]
+
+
+# --8<-- [start:rank_state]
+def rank_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, *, step: int, device: torch.device,
+    sampler: dict[str, int],
+) -> dict[str, Any]:  # fmt: skip
+    """What one rank needs to go on exactly: the training state of Session A — weights,
+    optimizer, step, this rank's RNG — plus where this rank's shard of the data stops,
+    ``sampler`` = {"epoch": 0, "position": 40}."""
+    return training_state(
+        model=model, optimizer=optimizer, cfg=None, step=step, epoch=sampler["epoch"],
+        device=device, sampler=dict(sampler),
+    )  # fmt: skip
+
+
+def restore_rank_state(
+    state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, *,
+    device: torch.device,
+) -> dict[str, int]:  # fmt: skip
+    """The inverse of rank_state; returns the sampler position to start the data from."""
+    restore_training_state(state, model, optimizer, device=device)  # RNG: this rank's own
+    return state["sampler"]
+
+
+# --8<-- [end:rank_state]
