@@ -49,8 +49,7 @@ class TrainConfig:
     eval_every: int = option(50, "steps between held-out evaluations")
     log_every: int = option(10, "steps between log lines")
     checkpoint_every: int = option(100, "steps between checkpoints (and one at the end)")
-    max_steps: int | None = option(None, "stop early, as if interrupted (the schedule still "
-                                   "spans every epoch)")  # fmt: skip
+    max_steps: int | None = option(None, "stop early, as if interrupted: the schedule is kept")
     resume: str | None = option(None, "a checkpoint to continue from, or 'auto': the newest")
     output_dir: str = option("runs/lab1", "checkpoints, metrics and TensorBoard files")
     log_dir: str = option("logs", "one train.log per rank, in rank_<N>/")
