@@ -80,7 +80,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--fail-step", type=int, default=None, help="... at this step (1st attempt)")
     p.add_argument("--hang-rank", type=int, default=None, help="this rank skips a collective ...")
     p.add_argument("--hang-step", type=int, default=None, help="... at this step")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.cfg = from_args(DEFAULTS, args)  # every TrainConfig flag is checked here
+    return args
 
 
 # --8<-- [end:args]
@@ -106,7 +108,7 @@ def check_inputs(args: argparse.Namespace) -> Run:
     Under torchrun every rank runs these checks and fails the same way, so no rank is
     left waiting for a peer that will never come.
     """
-    cfg = from_args(DEFAULTS, args)  # every TrainConfig flag is checked here
+    cfg = args.cfg
     env = dist_env()  # no RANK/WORLD_SIZE, MASTER_ADDR or MASTER_PORT: a one-line error
     device = device_for(env, cfg.device)
     autocast_context(device, cfg.precision)  # fp16 on a CPU: a one-line error
