@@ -67,7 +67,9 @@ def frame_problems(text: str, root: Path) -> list[str]:
 @pytest.mark.parametrize("recording", recordings(), ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_every_recorded_frame_names_its_function_at_that_line(recording: Path) -> None:
     problems = frame_problems(recording.read_text("utf-8"), ROOT)
-    assert not problems, "stale traceback; regenerate it (make figures):\n" + "\n".join(problems)
+    writer = ROOT / "tools" / f"figures_{recording.parent.name}.py"
+    fix = f"python tools/{writer.name}" if writer.is_file() else "make figures"
+    assert not problems, f"stale traceback; regenerate it ({fix}):\n" + "\n".join(problems)
 
 
 def test_self_check_a_moved_function_is_caught(tmp_path: Path) -> None:
