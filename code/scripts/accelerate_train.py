@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from tinyscale.comm.dist import fresh_logger
-from tinyscale.core.checkpoint import save_checkpoint, training_state
+from tinyscale.core.checkpoint import remove_stale_temps, save_checkpoint, training_state
 from tinyscale.core.cli import add_flags, from_args
 from tinyscale.core.config import load_model_config
 from tinyscale.core.data import build_datasets
@@ -196,6 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     log = process_logger(accelerator, cfg.log_dir)
     out = Path(cfg.output_dir)
     metrics = MetricsLogger(out) if accelerator.is_main_process else None
+    if accelerator.is_main_process:  # the one writer of this run's checkpoints
+        remove_stale_temps(out / "checkpoints")
     step = 0
     world = f"{accelerator.num_processes} process" + "es" * (accelerator.num_processes > 1)
     log.info(

@@ -39,6 +39,7 @@ from tinyscale.core.accumulation import accumulate_gradients
 from tinyscale.core.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
+    remove_stale_temps,
     restore_training_state,
     training_state,
 )
@@ -195,6 +196,8 @@ def train(run: Run, data: LMData) -> dict[str, Any]:
             run.resume, model, optimizer, device=device, scaler=scaler, rank=env.rank
         )
         log.info(f"resumed from step {step}")
+    if env.is_main:  # the one writer of this run's checkpoints (save_replicated)
+        remove_stale_temps(Path(cfg.output_dir, "checkpoints"))
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     log.info(
         f"{env.launcher} | backend {dist.get_backend()} | device {device} | restart {restarts} | "

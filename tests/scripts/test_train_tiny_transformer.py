@@ -107,12 +107,15 @@ def resumed(script: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> dic
     partial = ["--epochs", "2", "--max-steps", "120", "--checkpoint-every", "60"]
     run(script, out, *partial)
     interrupted = read_metrics(out / "metrics.jsonl")
+    killed_save = out / "checkpoints" / ".step_000120.pt.tmp-99999"  # as a SIGKILL leaves it
+    killed_save.write_bytes(b"half a checkpoint")
     run(script, out, *partial, "--resume", str(out / "checkpoints" / "step_000060.pt"))
     from_60 = read_metrics(out / "metrics.jsonl")
     later = ["--epochs", "2", "--max-steps", str(STOP)]
     run(script, out, *later, "--resume", str(out / "checkpoints" / "step_000120.pt"))
     return {
         "out": out,
+        "killed_save_left": killed_save.exists(),
         "interrupted": interrupted,
         "from_60": from_60,
         "final": read_metrics(out / "metrics.jsonl"),
@@ -123,6 +126,11 @@ def assert_same_records(got: list[dict[str, Any]], want: list[dict[str, Any]]) -
     assert [key(r) for r in got] == [key(r) for r in want]
     for g, w in zip(got, want, strict=True):
         assert g["loss"] == pytest.approx(w["loss"], rel=0, abs=LOSS_TOLERANCE), key(g)
+
+
+def test_a_run_starts_by_removing_what_a_killed_save_left(resumed: dict[str, Any]) -> None:
+    assert resumed["killed_save_left"] is False
+    assert not list((resumed["out"] / "checkpoints").glob(".*"))
 
 
 def test_resume_from_an_earlier_checkpoint_drops_later_records(resumed: dict[str, Any]) -> None:

@@ -39,6 +39,20 @@ def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
+def remove_stale_temps(ckpt_dir: str | Path) -> list[Path]:
+    """Delete what saves that never finished left behind; return what was deleted.
+
+    A process killed with SIGKILL between writing its temporary file and renaming it runs
+    no ``finally``: its ``.<name>.tmp-<pid>`` stays (in the step directories too, for
+    several ranks' files). Call it when a run starts, before it saves anything: no save of
+    this run is in flight then. The checkpoints themselves are never touched.
+    """
+    stale = sorted(Path(ckpt_dir).glob("**/.*.tmp-*"))
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
+
+
 # --8<-- [end:save]
 
 

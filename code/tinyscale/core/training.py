@@ -14,7 +14,12 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from tinyscale.core.checkpoint import restore_training_state, save_checkpoint, training_state
+from tinyscale.core.checkpoint import (
+    remove_stale_temps,
+    restore_training_state,
+    save_checkpoint,
+    training_state,
+)
 from tinyscale.core.cli import flag, option
 from tinyscale.core.config import DEFAULT_CONFIG_PATH
 from tinyscale.core.data import LMData, TokenBlocks, epoch_batches, get_batch
@@ -228,6 +233,7 @@ def train(
             f"the checkpoint is at step {step}, the end of this run: raise --epochs to train further"
         )
     logger = MetricsLogger(out, history=resume["history"] if resume else None, resume_step=step)
+    remove_stale_temps(out / "checkpoints")  # left by a save that was killed mid-write
     # --8<-- [end:train_setup]
 
     # --8<-- [start:checkpoint_and_eval]

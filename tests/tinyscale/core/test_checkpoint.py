@@ -5,8 +5,12 @@ describe_checkpoint's byte total is checked against numel * element_size of the 
 """
 
 import dataclasses
+import os
 import pickle
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -231,3 +235,36 @@ def test_latest_checkpoint_is_the_newest_complete_one(tmp_path: Path) -> None:
     (tmp_path / "step_000060").mkdir()
     (tmp_path / "step_000060" / ".metadata").touch()  # DCP's manifest
     assert ckpt.latest_checkpoint(tmp_path).name == "step_000060"
+
+
+SAVE_FOREVER = """
+import sys, torch
+from tinyscale.core.checkpoint import save_checkpoint
+state = {"weights": torch.zeros(16_000_000)}  # 64 MB: long enough to be caught writing
+while True:
+    save_checkpoint(state, sys.argv[1])
+"""
+
+
+def test_a_save_killed_mid_write_leaves_a_temp_that_the_next_start_removes(tmp_path: Path) -> None:
+    """SIGKILL runs no `finally`: the temp file stays, the checkpoint before it is intact."""
+    ckpt.save_checkpoint({"step": 1}, tmp_path / "step_000001.pt")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SAVE_FOREVER, str(tmp_path / "step_000002.pt")],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob(".step_000002.pt.tmp-*")):  # caught mid-write
+            assert proc.poll() is None and time.monotonic() < deadline, "no temp file appeared"
+            time.sleep(0.005)
+    finally:
+        proc.kill()  # SIGKILL: as the OOM killer or a cancelled job does
+        proc.wait(timeout=30)
+    stale = list(tmp_path.glob(".*.tmp-*"))
+    assert len(stale) == 1
+    assert ckpt.load_checkpoint(tmp_path / "step_000001.pt")["step"] == 1  # still whole
+    assert ckpt.remove_stale_temps(tmp_path) == stale
+    assert not list(tmp_path.glob(".*.tmp-*"))
+    latest = ckpt.latest_checkpoint(tmp_path)  # step 2 if a save finished, else step 1
+    assert ckpt.load_checkpoint(latest)["format"] == ckpt.FORMAT  # whole, never half
