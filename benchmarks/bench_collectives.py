@@ -1,6 +1,6 @@
 """All-reduce bus bandwidth: our send/recv ring against gloo's dist.all_reduce, 4 KiB to 64 MiB.
 
-Run:  make bench   (or: python benchmarks/bench_collectives.py [--world-size 2])
+Run:  make bench   (or: python benchmarks/bench_collectives.py [--world-size 2] [--sizes 4096,1048576])
 
 The numbers nccl-tests prints (its doc/PERFORMANCE.md): for a tensor of S bytes that
 takes t seconds to all-reduce, the algorithm bandwidth is algbw = S / t and the bus
@@ -113,8 +113,13 @@ def format_table(rows: list[dict[str, Any]], *, world_size: int) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument(
+        "--sizes", default=None, help="bytes, comma-separated (default: 4 KiB-64 MiB)"
+    )
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
-    rows = measure(world_size=args.world_size)
+    sizes = [int(s) for s in args.sizes.split(",")] if args.sizes else SIZES
+    rows = measure(world_size=args.world_size, sizes=sizes, rounds=args.rounds)
     print(format_table(rows, world_size=args.world_size))
 
 
