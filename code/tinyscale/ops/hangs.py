@@ -6,9 +6,9 @@ Launch:  python -m tinyscale.ops.hangs --scenario order
 
 Every scenario runs on 2 gloo processes with a short collective timeout. A watchdog thread
 on every rank fires before that timeout, while every rank still waits, and writes two
-files per rank: the *flight recorder* (the process group's ring buffer of the last
-collectives it was asked to run, ``TORCH_FR_BUFFER_SIZE``) and the Python stack of every
-thread (``faulthandler``). Torch's analyzer (``python -m
+files per rank: the Python stack of every thread (``faulthandler``) and the *flight
+recorder* (the process group's ring buffer of the last collectives it was asked to run,
+``TORCH_FR_BUFFER_SIZE``). Torch's analyzer (``python -m
 torch.distributed.flight_recorder.fr_trace DIR``) then lines the ranks' records up and
 names the first collective on which they disagree.
 """
@@ -131,29 +131,35 @@ def dump_record(trace_dir: Path, rank: int) -> None:
 
 # --8<-- [start:worker]
 def hang_worker(scenario: str, trace_dir: str, timeout_s: float) -> dict[str, Any]:
-    """Run one scenario on this rank under two watchdogs that fire at 60 % of the timeout.
+    """Run one scenario on this rank under a watchdog that fires at 60 % of the timeout.
 
-    faulthandler's watchdog is a C thread: it writes every thread's Python stack even while
-    the main thread is blocked in a gloo collective, which holds the GIL. The flight-recorder
-    dump is Python code, so on a blocked rank it runs only once the collective gives up —
-    still before this rank calls anything else. (NCCL's watchdog is a C++ thread that dumps
-    on timeout by itself: TORCH_NCCL_DUMP_ON_TIMEOUT.)
+    The watchdog is a Python timer thread. It runs on time although the main thread is
+    blocked in a collective: torch releases the GIL while a rank waits (gloo and NCCL
+    alike). It writes every thread's stack, then the flight recorder, one after the other
+    and holding the GIL, so no other Python code runs while it reads the stacks.
+    (NCCL's own watchdog, a C++ thread, dumps the record on timeout by itself:
+    TORCH_NCCL_DUMP_ON_TIMEOUT.)
     """
     rank, out = dist.get_rank(), Path(trace_dir)
     dist.all_reduce(torch.ones(1))  # one healthy collective: the record starts in agreement
     out.mkdir(parents=True, exist_ok=True)
-    stacks = open(out / f"stacks_{rank}.txt", "w")  # noqa: SIM115 (faulthandler writes later)
-    faulthandler.dump_traceback_later(0.6 * timeout_s, file=stacks)
-    recorder = threading.Timer(0.6 * timeout_s, dump_record, (out, rank))
-    recorder.start()
+    finished = threading.Event()
+
+    def watchdog() -> None:
+        if not finished.is_set():  # still waiting: where?
+            with open(out / f"stacks_{rank}.txt", "w") as stacks:
+                faulthandler.dump_traceback(file=stacks, all_threads=True)
+        dump_record(out, rank)
+
+    timer = threading.Timer(0.6 * timeout_s, watchdog)
+    timer.start()
     start, error = time.monotonic(), None
     try:
         SCENARIOS[scenario](rank, timeout_s)
     except RuntimeError as err:
         error = short_error(str(err))
-    faulthandler.cancel_dump_traceback_later()  # finished in time: no stacks to show
-    recorder.join()  # the record is on disk before this rank reports
-    stacks.close()
+    finished.set()  # finished in time: no stacks to show
+    timer.join()  # the record is on disk before this rank reports
     return {"rank": rank, "error": error, "seconds": time.monotonic() - start}
 
 
@@ -196,7 +202,7 @@ def where_waiting(stacks: str) -> str:
         frames = re.findall(r'File "([^"]+)", line \d+ in (\S+)', block)
         funcs = [func for _, func in frames]
         if "hang_worker" not in funcs:
-            continue  # another thread: the flight-recorder timer
+            continue  # another thread: the watchdog
         inner = frames[: funcs.index("hang_worker")]
         # torch wraps every collective in a logging decorator called `wrapper`: skip it
         return " < ".join(

@@ -4,12 +4,15 @@ analysis says which collective the ranks disagree on."""
 
 import pickle
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.errors import UsageError, run_cli
 from tinyscale.ops.hangs import (
     HangConfig,
@@ -88,6 +91,26 @@ def test_gloo_dump_needs_the_pg_config_fix(tmp_path: Path) -> None:
     assert "" in raw["pg_config"] and not names & set(raw["pg_config"]), "torch fixed it?"
     fixed = pickle.loads((tmp_path / "rank_0").read_bytes())
     assert names <= set(fixed["pg_config"])
+
+
+def timer_while_blocked() -> float:
+    """Rank 0 blocks in a collective rank 1 never joins; when does a Python timer fire?"""
+    start, fired = time.monotonic(), []
+    timer = threading.Timer(0.3, lambda: fired.append(time.monotonic() - start))
+    timer.start()
+    if dist.get_rank() == 0:
+        with pytest.raises(RuntimeError):  # the group's 3-second timeout
+            dist.all_reduce(torch.ones(4))
+    else:
+        time.sleep(3.5)
+    timer.join()
+    return fired[0]
+
+
+def test_a_python_timer_fires_while_a_rank_waits_in_a_collective() -> None:
+    """torch releases the GIL while a rank waits: the watchdog thread runs on time."""
+    fired = run_on_ranks(timer_while_blocked, 2, timeout_s=3.0, deadline_s=60)
+    assert fired[0] < 1.5, f"the timer fired after {fired[0]:.1f} s: the wait holds the GIL"
 
 
 @pytest.mark.timeout(120)
