@@ -65,15 +65,18 @@ serve: setup
 	$(BIN)/mkdocs serve --strict -a 127.0.0.1:8000
 
 lint: setup
-	$(BIN)/ruff check code tests tools benchmarks
-	$(BIN)/ruff format --check code tests tools benchmarks
+	$(BIN)/ruff check conftest.py code tests tools benchmarks
+	$(BIN)/ruff format --check conftest.py code tests tools benchmarks
 
 format: setup
-	$(BIN)/ruff check --fix code tests tools benchmarks
-	$(BIN)/ruff format code tests tools benchmarks
+	$(BIN)/ruff check --fix conftest.py code tests tools benchmarks
+	$(BIN)/ruff format conftest.py code tests tools benchmarks
+
+# Two pytest workers: tests/conftest.py groups what must run on one worker, in order.
+TEST_WORKERS ?= 2
 
 test: setup lint build
-	$(BIN)/pytest --codeblocks --durations=15 tests docs
+	$(BIN)/pytest --codeblocks -n $(TEST_WORKERS) --dist loadgroup --durations=15 tests docs
 
 bench: setup
 	$(PY) benchmarks/run_all.py

@@ -2,7 +2,6 @@
 tests/docs; shared helpers are in helpers.py, each topic's fixtures in its own conftest.py."""
 
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,20 +12,6 @@ from helpers import ROOT, load_script
 
 os.environ.setdefault("TINYSCALE_CACHE", str(ROOT / ".cache" / "tinyscale"))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Session C's page starts the course's SLURM cluster (make cluster-up, state in build/slurm)
-# and stops it in its last code block. If a block in between fails, stop it at the end of
-# the session — only when this session started it.
-SLURM_STATE = ROOT / "build" / "slurm"
-SLURM_WAS_UP = (SLURM_STATE / "pid").exists()
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if not SLURM_WAS_UP and (SLURM_STATE / "pid").exists():
-        subprocess.run(
-            ["bash", str(ROOT / "tools" / "slurm" / "cluster.sh"), "down"],
-            capture_output=True,
-            timeout=120,
-        )
 
 
 @pytest.fixture

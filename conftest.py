@@ -1,0 +1,82 @@
+"""How pytest runs this repository's tests and pages: loaded for tests/ and docs/ alike.
+
+`make test` runs ``pytest --codeblocks -n 2 --dist loadgroup tests docs``. This file
+decides which tests must share a worker, reports a failed page block readably, and stops
+the SLURM cluster a failed page left running. Fixtures are in tests/conftest.py.
+"""
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+from pytest_codeblocks.plugin import TestBlock
+
+ROOT = Path(__file__).resolve().parent
+
+# Session C's page starts the course's SLURM cluster (make cluster-up, state in build/slurm)
+# and stops it in its last code block. If a block in between fails, stop it at the end of
+# the session — only when this session started it.
+SLURM_STATE = ROOT / "build" / "slurm"
+SLURM_WAS_UP = (SLURM_STATE / "pid").exists()
+# `make test` runs two pytest workers (pytest-xdist, --dist loadgroup); each group below
+# runs whole, in order, on one worker. A test file is a group (its module fixtures run
+# once). A page is a group (its blocks build on each other), except that the pages whose
+# blocks use what every such page shares — torchrun's default ports, the logs/ folder,
+# the SLURM cluster, the DeepSpeed launcher — form one group with tests/cluster.
+# Every other test has its own tmp_path and free ports.
+SHARED = "default-ports-logs-and-cluster"
+SHARES = re.compile(
+    r"torchrun|fake_multi_node_launcher|logs/|MASTER_PORT|sbatch|srun|\bmake\b|deepspeed\s"
+)
+SESSION_FIXTURE = "lab1_run"  # the files that use it form one group: it runs once
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist turns the groups into scheduling scopes
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    page_code: dict[Path, str] = {}  # the blocks of each page that run
+    for item in items:
+        block = getattr(item, "obj", None) if item.path.suffix == ".md" else None
+        if block is not None and not any("skip(" in mark for mark in block.marks):
+            page_code[item.path] = page_code.get(item.path, "") + block.code
+    lab1_files = {i.path for i in items if SESSION_FIXTURE in getattr(i, "fixturenames", ())}
+    for item in items:
+        path = item.path.resolve().relative_to(ROOT)
+        if item.path in lab1_files:
+            group = SESSION_FIXTURE
+        elif path.parts[:2] == ("tests", "cluster") or SHARES.search(page_code.get(item.path, "")):
+            group = SHARED
+        else:
+            group = str(path)
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def block_failure(item: TestBlock, excinfo: pytest.ExceptionInfo[BaseException]) -> str:
+    """A failed page block's report as text: a failed command shows its exit code and output.
+
+    pytest-codeblocks reports ``args[0]`` of the exception, which for a failed command is
+    only its exit code (an int, which xdist cannot send back from a worker either).
+    """
+    err = excinfo.value
+    if isinstance(err, subprocess.CalledProcessError):
+        out = (err.stdout or b"").decode(errors="replace")[-3000:]
+        tail = (err.stderr or b"").decode(errors="replace")[-3000:]
+        return (
+            f"{item.name}: the block exited with code {err.returncode}\n```\n{item.obj.code}```\n"
+            f"stdout (end):\n{out}\nstderr (end):\n{tail}"
+        )
+    return str(err.args[0]) if err.args else repr(err)
+
+
+TestBlock.repr_failure = block_failure  # type: ignore[method-assign]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if hasattr(session.config, "workerinput"):
+        return  # an xdist worker: the controller stops the cluster once every worker is done
+    if not SLURM_WAS_UP and (SLURM_STATE / "pid").exists():
+        subprocess.run(
+            ["bash", str(ROOT / "tools" / "slurm" / "cluster.sh"), "down"],
+            capture_output=True,
+            timeout=120,
+        )
