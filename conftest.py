@@ -7,12 +7,15 @@ the SLURM cluster a failed page left running. Fixtures are in tests/conftest.py.
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from pytest_codeblocks.plugin import TestBlock
 
 ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT / "tests"))  # tests/helpers.py, shared with the tests
+from helpers import masked  # noqa: E402
 
 # Session C's page starts the course's SLURM cluster (make cluster-up, state in build/slurm)
 # and stops it in its last code block. If a block in between fails, stop it at the end of
@@ -69,6 +72,27 @@ def block_failure(item: TestBlock, excinfo: pytest.ExceptionInfo[BaseException])
 
 
 TestBlock.repr_failure = block_failure  # type: ignore[method-assign]
+
+_compare_exactly = TestBlock.runtest
+
+
+def runtest_with_times_masked(self: TestBlock) -> None:
+    """Run a command whose shown output has timestamps or speeds; compare the rest exactly."""
+    block, expected = self.obj, self.obj.expected_output
+    if block.syntax not in ("bash", "sh") or expected is None or masked(expected) == expected:
+        return _compare_exactly(self)
+    shell = "/bin/bash" if block.syntax == "bash" else None
+    done = subprocess.run(block.code, shell=True, check=True, capture_output=True, executable=shell)
+    got = done.stdout.decode()
+    if masked(got) != masked(expected):
+        raise RuntimeError(
+            f"{self.name}, line {block.lineno}:\n```\nExpected output (times masked)\n```\n"
+            f"{expected}```\nbut got\n```\n{got}```"
+        )
+    return None
+
+
+TestBlock.runtest = runtest_with_times_masked  # type: ignore[method-assign]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

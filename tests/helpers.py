@@ -5,23 +5,29 @@ fixtures, and ``from helpers import ...`` would depend on which one Python found
 """
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from pytest_codeblocks import extract_from_file
 
 from tinyscale.core.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
+# A fresh timing against a recorded one: within this factor either way. Small messages on a
+# loaded 2-core machine wait for process wake-ups (seen: 26x the quiet machine's time);
+# what the check catches is a benchmark that no longer runs or a unit slip (1000x).
+TIMING_FACTOR = 100
 # run_on_ranks' bounds, spelled out: every wait bounded, so a hang fails the test
 TIMEOUTS = {"timeout_s": 30.0, "deadline_s": 120.0}
 
 
-def load_script(name: str) -> ModuleType:
+def load_script(name: str, folder: str = "code/scripts") -> ModuleType:
     """Import code/scripts/<name>.py as a module (code/scripts is not a package)."""
-    path = ROOT / "code" / "scripts" / f"{name}.py"
+    path = ROOT / folder / f"{name}.py"
     spec = importlib.util.spec_from_file_location(f"tinyscale_scripts.{name}", path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
@@ -30,16 +36,46 @@ def load_script(name: str) -> ModuleType:
     return module
 
 
-def recorded_output(page: str, after: str) -> list[str]:
-    """The lines, unindented, of the first ```text block after ``after`` in docs/<page>.
+def load_tool(name: str) -> ModuleType:
+    """Import tools/<name>.py, the script that writes some of docs/generated/."""
+    return load_script(name, folder="tools")
 
-    That block is the output the page records for the command before it; CI runs the
-    command and compares, so tests may check the recorded numbers against the formulas.
+
+def recorded_output(page: str, command: str, docs: Path = ROOT / "docs") -> list[str]:
+    """The output docs/<page> shows for the block that contains ``command``, line by line.
+
+    Only an output CI compares: the block must run (no skip mark) and be followed by
+    ``<!--pytest-codeblocks:expected-output-->``, so pytest-codeblocks checks that the
+    lines returned here are what the command prints today. Tests may then check the
+    recorded numbers against the formulas.
     """
-    text = (ROOT / "docs" / page).read_text()
-    text = text[text.index(after) :]
-    start = text.index("```text\n") + len("```text\n")
-    return [line.strip() for line in text[start : text.index("```", start)].splitlines()]
+    blocks = [b for b in extract_from_file(docs / page) if command in b.code]
+    if len(blocks) != 1:
+        raise LookupError(f"{page}: {len(blocks)} code blocks contain {command!r}, need 1")
+    block = blocks[0]
+    if any("skip" in mark for mark in block.marks):
+        raise LookupError(
+            f"{page} line {block.lineno}: skipped in CI, so its output is not checked"
+        )
+    if block.expected_output is None:
+        raise LookupError(f"{page} line {block.lineno}: no expected-output block: nothing compared")
+    return [line.strip() for line in block.expected_output.splitlines()]
+
+
+# What differs between two runs of the same seeded command, and nothing else: the clock.
+# A command's expected output on a page is compared with these masked on both sides
+# (the root conftest.py); everything else must match exactly.
+TIME_MASKS = (
+    (re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"), "<timestamp>"),  # logging's asctime
+    (re.compile(r"[\d,]+(?:\.\d+)? tokens/s"), "<speed> tokens/s"),
+)
+
+
+def masked(text: str) -> str:
+    """``text`` with its timestamps and speeds replaced by placeholders."""
+    for pattern, mask in TIME_MASKS:
+        text = pattern.sub(mask, text)
+    return text
 
 
 def one_line_error(fn: Any, *args: Any, **kwargs: Any) -> str:

@@ -106,6 +106,20 @@ def layers() -> None:
     print(f"wrote {dest}/layers_2_vs_4.png, .md, .json")
 
 
+MODEL_SIZES = {"GPT-2 small\n124M": 124e6, "1.3B": 1.3e9, "7B": 7e9, "13B": 13e9, "70B": 70e9}
+
+
+def model_states_data() -> dict[str, dict[str, float]]:
+    """Bytes of model states (bf16 weights and gradients, fp32 Adam) per model size."""
+    from tinyscale.core.memory import model_state_bytes
+
+    states = {label: model_state_bytes(n, "bf16") for label, n in MODEL_SIZES.items()}
+    return {
+        label: {key: getattr(s, key) for key in ("params", "grads", "optimizer")}
+        for label, s in states.items()
+    }
+
+
 def memory() -> None:
     """Session A: bytes of model states for well-known model sizes against GPU memory."""
     import matplotlib
@@ -113,28 +127,25 @@ def memory() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tinyscale.core.memory import model_state_bytes
-
     dest = OUT / "session_a"
     dest.mkdir(parents=True, exist_ok=True)
-    sizes = {"GPT-2 small\n124M": 124e6, "1.3B": 1.3e9, "7B": 7e9, "13B": 13e9, "70B": 70e9}
+    data = model_states_data()
     gib = 2**30
-    states = [model_state_bytes(n, "bf16") for n in sizes.values()]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
-    x = range(len(sizes))
-    bottom = [0.0] * len(sizes)
+    x = range(len(data))
+    bottom = [0.0] * len(data)
     for label, key in (
         ("weights (2 B)", "params"),
         ("gradients (2 B)", "grads"),
         ("Adam + fp32 master (12 B)", "optimizer"),
     ):
-        values = [getattr(s, key) / gib for s in states]
+        values = [row[key] / gib for row in data.values()]
         ax.bar(x, values, bottom=bottom, label=label)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     for gpu, mem in (("one 80 GB GPU", 80e9 / gib), ("one 24 GB GPU", 24e9 / gib)):
         ax.axhline(mem, ls="--", color="k", lw=1)
-        ax.text(len(sizes) - 0.5, mem, gpu, ha="right", va="bottom", fontsize=8)
-    ax.set_xticks(list(x), list(sizes))
+        ax.text(len(data) - 0.5, mem, gpu, ha="right", va="bottom", fontsize=8)
+    ax.set_xticks(list(x), list(data))
     ax.set_yscale("log")
     ax.set(
         ylabel="GiB (log scale)", title="Model states for mixed-precision Adam: 16 bytes/parameter"
@@ -143,7 +154,8 @@ def memory() -> None:
     fig.tight_layout()
     fig.savefig(dest / "model_states_by_size.png")
     plt.close(fig)
-    print(f"wrote {dest}/model_states_by_size.png")
+    (dest / "model_states_by_size.json").write_text(json.dumps(data, indent=1) + "\n")
+    print(f"wrote {dest}/model_states_by_size.png, .json")
 
 
 FIGURES = {"lab1": lab1, "overview": overview, "layers": layers, "memory": memory}

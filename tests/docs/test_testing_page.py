@@ -7,27 +7,19 @@ wrote; when a page or a test changes, these tests fail until the tables are rewr
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, load_tool
 
 FIX = "run `python tools/figures_testing.py` and commit docs/generated/testing/"
 
 
 @pytest.fixture(scope="module")
 def tool() -> ModuleType:
-    path = ROOT / "tools" / "figures_testing.py"
-    spec = importlib.util.spec_from_file_location("figures_testing", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("figures_testing")
 
 
 def test_the_page_tables_are_those_of_the_pages_today(tool: ModuleType) -> None:

@@ -8,6 +8,7 @@ every rank. Two more launches: a rank that never shows up, and the benchmark's s
 """
 
 import importlib.util
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -16,12 +17,14 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from helpers import TIMING_FACTOR
 from tinyscale.comm import collectives as C
 from tinyscale.comm.launch import RankFailed, run_on_ranks
 from tinyscale.comm.tree_allreduce import tree_all_reduce
 from tinyscale.core.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[3]
+RECORDED = ROOT / "docs" / "generated" / "week1"
 WORLD_SIZES = (2, 3, 4)
 SHAPES = [(0,), (1,), (2,), (7,), (12,), (1000,), (1001,), (4, 5), (3, 7)]
 KINDS = ("whole", "random", "int64")
@@ -265,7 +268,22 @@ def test_a_rank_that_never_comes_fails_by_timeout_not_a_hang() -> None:
     assert time.monotonic() - start < 25
 
 
+def check_row(row: dict[str, Any], world_size: int) -> None:
+    """The derived columns of one benchmark row follow from its size and times."""
+    for impl in ("ours", "gloo"):
+        assert row[f"{impl}_s"] > 0
+        assert row[f"{impl}_algbw"] == pytest.approx(row["bytes"] / row[f"{impl}_s"])
+        factor = 2 * (world_size - 1) / world_size
+        assert row[f"{impl}_busbw"] == pytest.approx(row[f"{impl}_algbw"] * factor)
+    assert row["ratio"] == pytest.approx(row["ours_busbw"] / row["gloo_busbw"])
+
+
 def test_the_benchmark_measures_both_and_reports_bus_bandwidth() -> None:
+    """A cheap point of the recorded sweep (4 KiB, 64 KiB; one round), compared with it.
+
+    The recorded file is tools/figures_week1_collectives.py's run.
+    Tolerance on the times: helpers.TIMING_FACTOR.
+    """
     path = ROOT / "benchmarks" / "bench_collectives.py"
     spec = importlib.util.spec_from_file_location("bench_collectives", path)
     assert spec and spec.loader
@@ -273,10 +291,17 @@ def test_the_benchmark_measures_both_and_reports_bus_bandwidth() -> None:
     spec.loader.exec_module(bench)
     rows = bench.measure(world_size=2, sizes=[4096, 65536], rounds=1, min_iters=2)
     assert [row["bytes"] for row in rows] == [4096, 65536]
+    recorded_rows = json.loads((RECORDED / "collectives_busbw.json").read_text())
+    recorded = {row["bytes"]: row for row in recorded_rows}
     for row in rows:
+        check_row(row, world_size=2)
         for impl in ("ours", "gloo"):
-            assert row[f"{impl}_s"] > 0
-            assert row[f"{impl}_algbw"] == pytest.approx(row["bytes"] / row[f"{impl}_s"])
-            assert row[f"{impl}_busbw"] == pytest.approx(row[f"{impl}_algbw"] * 2 * (2 - 1) / 2)
-        assert row["ratio"] == pytest.approx(row["ours_busbw"] / row["gloo_busbw"])
-    assert "busbw" in bench.format_table(rows, world_size=2)
+            was = recorded[row["bytes"]][f"{impl}_s"]
+            assert was / TIMING_FACTOR < row[f"{impl}_s"] < was * TIMING_FACTOR, (
+                row["bytes"],
+                impl,
+            )
+    for row in recorded_rows:  # the recorded table: its columns agree, and the page's file
+        check_row(row, world_size=row["world_size"])
+    table = bench.format_table(recorded_rows, world_size=2) + "\n"
+    assert (RECORDED / "collectives_busbw.md").read_text() == table

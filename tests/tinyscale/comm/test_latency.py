@@ -2,10 +2,12 @@
 formula of tinyscale.comm.comm_model, and the measuring worker returns one time per size.
 Timings themselves are compared in benchmarks/bench_latency.py, never here."""
 
+import json
 import random
 
 import pytest
 
+from helpers import ROOT, TIMING_FACTOR, load_tool
 from tinyscale.comm.comm_model import allreduce_time
 from tinyscale.comm.latency import (
     SIZES,
@@ -79,10 +81,35 @@ def test_bad_input_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
     assert capsys.readouterr().err == "error: --world-size 1: use 2 to 8 (one machine)\n"
 
 
+RECORDED = ROOT / "docs" / "generated" / "operations"
+
+
+def recorded_points() -> list[tuple[int, float]]:
+    return [(s, t) for s, t in json.loads((RECORDED / "bench_latency.json").read_text())["points"]]
+
+
+def test_the_recorded_sweep_is_the_report_of_its_points() -> None:
+    """tools/figures_operations.py wrote the table, the fit and the prose from these points."""
+    tool, points = load_tool("figures_operations"), recorded_points()
+    assert [s for s, _ in points] == SIZES
+    text = "\n".join(report(points, world_size=2)) + "\n"
+    assert (RECORDED / "bench_latency.txt").read_text() == text
+    assert (RECORDED / "bench_latency_numbers.md").read_text() == tool.prose(points)
+
+
 @pytest.mark.timeout(120)
 def test_measure_gives_one_positive_time_per_size_and_a_report() -> None:
+    """A cheap point of the recorded sweep: 4 B and 4 KiB are latency-bound there too.
+
+    Tolerance on the times: helpers.TIMING_FACTOR.
+    """
     points = measure(world_size=2, sizes=[4, 4096, 2**20], budget_s=0.01)
     assert [s for s, _ in points] == [4, 4096, 2**20]
-    assert all(t > 0 for _, t in points)
+    recorded = dict(recorded_points())
+    for size, seconds in points[:2]:
+        assert recorded[size] / TIMING_FACTOR < seconds < recorded[size] * TIMING_FACTOR, (
+            size,
+            seconds,
+        )
     lines = report(points, world_size=2)
     assert lines[0].startswith("| size |") and len(lines) == 2 + 3 + 5

@@ -16,6 +16,7 @@ returns facts; the test functions assert on them:
 import contextlib
 import functools
 import importlib.util
+import json
 import math
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from helpers import TIMING_FACTOR, load_tool
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError
@@ -345,7 +347,13 @@ def test_forgetting_to_average_makes_the_sgd_update_world_size_times_too_large(w
 
 
 def test_benchmark_measures_every_variant_side_by_side() -> None:
-    path = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_ddp.py"
+    """One cheap round of the recorded benchmark, and the recorded table checked.
+
+    The recorded files are tools/figures_week1_ddp.py's run.
+    Tolerance on the times: helpers.TIMING_FACTOR.
+    """
+    root = Path(__file__).resolve().parents[3]
+    path = root / "benchmarks" / "bench_ddp.py"
     spec = importlib.util.spec_from_file_location("bench_ddp", path)
     bench = importlib.util.module_from_spec(spec)
     sys.modules["bench_ddp"] = bench  # the spawned ranks import it by this name
@@ -355,3 +363,12 @@ def test_benchmark_measures_every_variant_side_by_side() -> None:
     assert all(r["tokens_per_s"] > 0 for r in rows)
     assert rows[0]["vs_torch"] == 1.0
     assert "vs torch DDP" in bench.report(rows)
+    recorded_dir = root / "docs" / "generated" / "week1"
+    recorded = json.loads((recorded_dir / "ddp_bench.json").read_text())
+    was = recorded[0]["tokens_per_s"]
+    assert was / TIMING_FACTOR < rows[0]["tokens_per_s"] < was * TIMING_FACTOR
+    assert recorded[0]["variant"] == "torch DDP" and recorded[0]["vs_torch"] == 1.0
+    for r in recorded:
+        assert r["vs_torch"] == pytest.approx(r["tokens_per_s"] / was)
+    tool = load_tool("figures_week1_ddp")
+    assert (recorded_dir / "ddp_bench.md").read_text() == tool.table(bench, recorded)

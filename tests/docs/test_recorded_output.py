@@ -1,0 +1,78 @@
+"""helpers.recorded_output returns only an output that CI compares with a fresh run, and
+the time masks of that comparison hide the clock and nothing else."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers import masked, recorded_output
+
+PAGE = """# A page
+
+```bash
+echo compared
+```
+
+<!--pytest-codeblocks:expected-output-->
+```text
+compared
+```
+
+<!--pytest.mark.skip(reason="needs GPUs")-->
+```bash
+echo skipped
+```
+
+<!--pytest-codeblocks:expected-output-->
+```text
+skipped
+```
+
+```bash
+echo shown only
+```
+
+```text
+shown only
+```
+"""
+
+
+@pytest.fixture
+def docs(tmp_path: Path) -> Path:
+    (tmp_path / "page.md").write_text(PAGE)
+    return tmp_path
+
+
+def test_the_output_of_a_block_that_runs_is_returned(docs: Path) -> None:
+    assert recorded_output("page.md", "echo compared", docs) == ["compared"]
+
+
+@pytest.mark.parametrize(
+    ("command", "reason"),
+    [
+        ("echo skipped", "skipped in CI"),
+        ("echo shown only", "no expected-output block"),
+        ("echo", "3 code blocks"),
+        ("echo missing", "0 code blocks"),
+    ],
+)
+def test_an_output_ci_does_not_compare_is_refused(docs: Path, command: str, reason: str) -> None:
+    with pytest.raises(LookupError, match=reason):
+        recorded_output("page.md", command, docs)
+
+
+LINE = "2026-11-22 08:31:56,188 rank 0/2 | step 20 | loss 6.0625 | 35,931 tokens/s over 2 ranks"
+
+
+def test_the_masks_hide_the_clock_and_nothing_else() -> None:
+    later = LINE.replace("08:31:56,188", "09:02:11,004").replace("35,931", "9,120.5")
+    assert masked(later) == masked(LINE)
+    for changed in ("loss 6.0626", "step 21", "rank 1/2", "over 4 ranks"):
+        other = LINE.replace(
+            {"loss 6.0626": "loss 6.0625", "step 21": "step 20", "rank 1/2": "rank 0/2",
+             "over 4 ranks": "over 2 ranks"}[changed], changed
+        )  # fmt: skip
+        assert masked(other) != masked(LINE), changed
