@@ -73,15 +73,34 @@ def measure(rounds: int = ROUNDS, steps: int = STEPS) -> dict[str, list[float]]:
     )  # fmt: skip
 
 
-def main() -> None:
-    rates = run_on_ranks(measure, WORLD, timeout_s=120, deadline_s=400)[0]
-    base = statistics.median(rates[VARIANTS[0]])
-    print(f"{'variant':<18} {'tokens/s':>9} {'vs our ZeRO-3':>14}")
+def medians(rates: dict[str, list[float]]) -> dict[str, float]:
+    """Median tokens/s of each variant over the rounds."""
+    return {name: statistics.median(rates[name]) for name in VARIANTS}
+
+
+def table(tokens_per_s: dict[str, float]) -> list[str]:
+    """The rows printed for one run: tokens/s and the ratio to our ZeRO-3."""
+    base = tokens_per_s[VARIANTS[0]]
+    lines = [f"{'variant':<18} {'tokens/s':>9} {'vs our ZeRO-3':>14}"]
     for name in VARIANTS:
-        median = statistics.median(rates[name])
-        print(f"{name:<18} {median:>9,.0f} {median / base:>13.2f}x")
-    print(f"(world size {WORLD}, gloo, batch {BATCH}x{SEQ} per rank, median of {ROUNDS} rounds "
-          f"x {STEPS} steps, torch {torch.__version__})")  # fmt: skip
+        lines.append(f"{name:<18} {tokens_per_s[name]:>9,.0f} {tokens_per_s[name] / base:>13.2f}x")
+    return lines
+
+
+FOOTER = (
+    f"(world size {WORLD}, gloo, batch {BATCH}x{SEQ} per rank, median of {ROUNDS} rounds "
+    f"x {STEPS} steps, torch {torch.__version__})"
+)
+
+
+def run(rounds: int = ROUNDS, steps: int = STEPS) -> dict[str, float]:
+    """One run of the benchmark on WORLD spawned ranks: median tokens/s per variant."""
+    rates = run_on_ranks(measure, WORLD, rounds, steps, timeout_s=120, deadline_s=400)[0]
+    return medians(rates)
+
+
+def main() -> None:
+    print("\n".join([*table(run()), FOOTER]))
 
 
 if __name__ == "__main__":
