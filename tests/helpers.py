@@ -85,3 +85,27 @@ def one_line_error(fn: Any, *args: Any, **kwargs: Any) -> str:
     message = str(info.value)
     assert message and "\n" not in message, f"not one line: {message!r}"
     return message
+
+
+def prose(page: str) -> str:
+    """docs/<page> with its whitespace collapsed: a sentence reads alike across line breaks."""
+    return " ".join((ROOT / "docs" / page).read_text().split())
+
+
+def said(text: str, pattern: str) -> tuple[str, ...]:
+    """The groups of the one place in ``text`` that ``pattern`` matches: what a page says.
+
+    Fails when the sentence is gone or said twice: then the test no longer knows what the
+    page claims, and must be updated with the page.
+    """
+    found = re.findall(pattern, text)
+    assert len(found) == 1, f"{len(found)} matches of {pattern!r}: the sentence moved"
+    return found[0] if isinstance(found[0], tuple) else (found[0],)
+
+
+def fails_when_changed(check: Any, text: str, old: str, new: str) -> None:
+    """``check(text)`` passes, and fails once ``old`` is replaced by ``new``: it can fail."""
+    assert text.count(old) == 1, f"{old!r} is not said once"
+    check(text)
+    with pytest.raises(AssertionError):
+        check(text.replace(old, new))
