@@ -68,6 +68,7 @@ def recorded_output(page: str, command: str, docs: Path = ROOT / "docs") -> list
 TIME_MASKS = (
     (re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}"), "<timestamp>"),  # logging's asctime
     (re.compile(r"[\d,]+(?:\.\d+)? tokens/s"), "<speed> tokens/s"),
+    (re.compile(r" *[\d,]+\.\d+ (s|MB/s|ms per file)\b"), r" <time> \1"),  # a disk's speed
 )
 
 

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, recorded_output
 
 DOCS = ROOT / "docs"
 GENERATED = DOCS / "generated"
@@ -113,3 +113,15 @@ def test_a_changed_number_fails(monkeypatch: pytest.MonkeyPatch) -> None:
     )
     with pytest.raises(AssertionError, match=r"'45' == '13\.5'"):
         test_guide_lab1_time()
+
+
+def test_storage_small_files_sentence() -> None:
+    m = sentence(
+        "operations/storage.md",
+        r"dozens of times slower\*\* as small files \((?P<small>\d+\.\d+) s against "
+        r"(?P<big>\d+\.\d+) s above\)",
+    )
+    shown = "\n".join(recorded_output("operations/storage.md", "cat runs/storage.txt"))
+    times = re.findall(r"file\(s\) of +\d+ KiB: +(\d+\.\d+) s", shown)
+    assert times == [m["big"], m["small"]]
+    assert 12 <= float(m["small"]) / float(m["big"]) < 100  # "dozens of times"

@@ -76,3 +76,11 @@ def test_the_masks_hide_the_clock_and_nothing_else() -> None:
              "over 4 ranks": "over 2 ranks"}[changed], changed
         )  # fmt: skip
         assert masked(other) != masked(LINE), changed
+
+
+def test_the_storage_report_masks_its_times_and_keeps_its_counts() -> None:
+    line = "    1 file(s) of  65536 KiB:  0.077 s,   870.9 MB/s,  77.056 ms per file"
+    slower = "    1 file(s) of  65536 KiB: 12.345 s,     5.4 MB/s, 12345.678 ms per file"
+    assert masked(slower) == masked(line)
+    assert masked(line.replace("65536 KiB", "32768 KiB")) != masked(line)
+    assert masked(line.replace("1 file(s)", "2 file(s)")) != masked(line)
