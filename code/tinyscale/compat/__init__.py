@@ -10,6 +10,6 @@ tinyscale.data_parallel and tinyscale.model_parallel; those never import them.
     deepspeed_costs     week-2/deepspeed-zero.md, workshop/deepspeed.md
     zero_vs_deepspeed   week-2/deepspeed-zero.md
     titan_compat        week-2/torchtitan.md
-    titan_config        week-2/torchtitan.md
+    titan_config        week-2/torchtitan.md, week-3/pipeline-torchtitan.md
 """
 # --8<-- [end:map]

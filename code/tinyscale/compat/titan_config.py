@@ -75,3 +75,27 @@ def tinyscale_debug() -> Trainer.Config:
 
 
 # --8<-- [end:config]
+
+
+# --8<-- [start:pp]
+def tinyscale_pp() -> Trainer.Config:
+    """tinyscale_debug cut into 2 pipeline stages (PP 2); FSDP shards over the ranks left over.
+
+        torchrun --nproc-per-node 2 code/scripts/torchtitan_train.py \\
+            --module tinyscale.compat.titan_config --config tinyscale_pp
+
+    With 4 processes it is PP 2 x FSDP 2. The same 512 tokens per step as tinyscale_debug
+    on 2 ranks: one pipeline of 4 sequences, in 4 micro-batches of 1.
+    """
+    config = tinyscale_debug()
+    config.parallelism.pipeline_parallel_degree = 2
+    config.parallelism.pipeline_parallel_schedule = "1F1B"  # or Interleaved1F1B, ZBVZeroBubble
+    config.parallelism.pipeline_parallel_microbatch_size = 1  # local batch 4 -> 4 micro-batches
+    config.training.local_batch_size = 4  # per pipeline (per data-parallel rank)
+    config.training.disable_cuda_graphs = True  # CUDA graphs do not support PP yet
+    config.checkpoint.enable = False
+    config.dump_folder = "runs/torchtitan/pp"
+    return config
+
+
+# --8<-- [end:pp]

@@ -1,0 +1,257 @@
+# --8<-- [start:args]
+"""Week 3: the Lab model trained by a pipeline of processes (torch.distributed.pipelining).
+
+Launch:  torchrun --standalone --nproc-per-node 2 code/scripts/pipeline_train.py \
+             --pp 2 --microbatches 4 --schedule 1f1b
+Resume:  the same command with --resume auto (the newest complete checkpoint)
+PP x DP: torchrun --standalone --nproc-per-node 4 code/scripts/pipeline_train.py --pp 2
+GPUs:    torchrun --nproc-per-node 8 code/scripts/pipeline_train.py --pp 2 --global-batch-size 64
+
+The world is a pp x dp grid: dp pipelines of pp ranks each. Every pipeline runs the
+whole model on its share of the global batch, cut into pp (or 2 pp) stages; the dp
+copies of a stage average their gradients, as DDP would. Each rank saves its own stages
+in a checkpoint directory whose manifest rank 0 writes last.
+"""
+
+import argparse
+import dataclasses
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from tinyscale.comm.dist import DistEnv, device_for, dist_env, distributed, rank_logger
+from tinyscale.core.checkpoint import (
+    latest_checkpoint,
+    remove_stale_temps,
+    restore_training_state,
+    training_state,
+)
+from tinyscale.core.cli import add_flags, from_args
+from tinyscale.core.config import ModelConfig, load_model_config
+from tinyscale.core.data import build_datasets, epoch_batches, get_batch
+from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
+from tinyscale.core.model import TinyTransformer
+from tinyscale.core.training import TrainConfig, lr_at, make_optimizer, plan_steps, seed_everything
+from tinyscale.data_parallel.ranked_checkpoint import load_ranked, save_ranked
+from tinyscale.model_parallel.torch_pipeline import (
+    SCHEDULES,
+    build_schedule,
+    check_schedule,
+    clip_grad_norm,
+    even_layers,
+    held_parameters,
+    last_stage_rank,
+    stage_placement,
+    sync_tied_embedding,
+    tied_embedding_group,
+)
+
+DEFAULTS = TrainConfig(
+    epochs=1, global_batch_size=16, checkpoint_every=50, output_dir="runs/pipeline"
+)
+FLAGS = ("config", "corpus", "epochs", "global_batch_size", "lr", "warmup_steps", "min_lr_ratio",
+         "weight_decay", "grad_clip", "seed", "device", "log_every", "checkpoint_every",
+         "max_steps", "resume", "output_dir", "log_dir", "timeout_s")  # fmt: skip
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_flags(p, DEFAULTS, FLAGS, notes={"device": "auto picks one GPU per rank, or the CPU"})
+    p.add_argument("--pp", type=int, default=2, help="pipeline stages' ranks; dp = world / pp")
+    p.add_argument("--microbatches", type=int, default=4, help="per pipeline and step")
+    p.add_argument("--schedule", default="1f1b", help=f"one of {', '.join(SCHEDULES)}")
+    args = p.parse_args(argv)
+    args.cfg = from_args(DEFAULTS, args)  # every TrainConfig flag is checked here
+    return args
+
+
+# --8<-- [end:args]
+
+
+# --8<-- [start:check]
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Run:
+    """Everything checked before joining the process group."""
+
+    env: DistEnv
+    device: torch.device
+    model_cfg: ModelConfig
+    cfg: TrainConfig
+    pp: int
+    dp: int
+    microbatches: int
+    schedule: str
+    layout: list[list[int]]  # the blocks of every pipeline stage, in order
+    stages: list[int]  # the pipeline stages this rank runs
+    resume: dict[str, Any] | None
+
+
+def check_inputs(args: argparse.Namespace) -> Run:
+    """Every bad flag fails here, the same way on every rank, before anything is written."""
+    cfg, env = args.cfg, dist_env()
+    device = device_for(env, cfg.device)
+    _, per_rank = check_schedule(args.schedule)
+    if not 1 <= args.pp <= env.world_size or env.world_size % args.pp:
+        raise UsageError(
+            f"--pp {args.pp} does not divide the world of {env.world_size} processes: pick a "
+            f"divisor of --nproc-per-node (dp = world / pp pipelines side by side)"
+        )
+    dp = env.world_size // args.pp
+    model_cfg = load_model_config(cfg.config)
+    stages = args.pp * per_rank
+    if stages > model_cfg.num_hidden_layers:
+        raise UsageError(
+            f"--pp {args.pp} with --schedule {args.schedule} makes {stages} stages but the "
+            f"model has {model_cfg.num_hidden_layers} blocks: lower --pp, or use a --config "
+            "with more num_hidden_layers"
+        )
+    batch = cfg.global_batch_size // dp  # each pipeline's share
+    if cfg.global_batch_size % dp or args.microbatches < 1 or batch % args.microbatches:
+        raise UsageError(
+            f"--microbatches {args.microbatches} does not divide the {batch} samples each of "
+            f"the {dp} pipelines gets (--global-batch-size {cfg.global_batch_size} / dp {dp})"
+        )
+    layout = [list(r) for r in even_layers(model_cfg.num_hidden_layers, stages)]
+    path = (
+        latest_checkpoint(Path(cfg.output_dir, "checkpoints"))
+        if cfg.resume == "auto"
+        else cfg.resume
+    )
+    mine = stage_placement(args.schedule, rank=env.rank // dp, pp=args.pp)
+    resume = load_ranked(path, rank=env.rank, world_size=env.world_size) if path else None
+    if resume is not None and (resume["layout"], resume["stages"]) != (layout, mine):
+        raise UsageError(
+            f"checkpoint {path} was cut by --pp {resume['pp']} --schedule {resume['schedule']}, "
+            f"not as --pp {args.pp} --schedule {args.schedule}: relaunch with its flags"
+        )
+    return Run(env=env, device=device, model_cfg=model_cfg, cfg=cfg, pp=args.pp, dp=dp,
+               microbatches=args.microbatches, schedule=args.schedule, layout=layout,
+               stages=mine, resume=resume)  # fmt: skip
+
+
+# --8<-- [end:check]
+
+
+# --8<-- [start:setup]
+class LocalStages(nn.ModuleList):
+    """This rank's pipeline stages as one module: what its optimizer and checkpoint hold."""
+
+    def __init__(self, stages: Sequence[nn.Module], cfg: ModelConfig) -> None:
+        super().__init__(stages)
+        self.cfg = cfg  # training_state records the model's shape
+
+
+def train(run: Run, batches_per_epoch: int, data: Any) -> None:
+    env, cfg, device = run.env, run.cfg, run.device
+    # rank = stage * dp + replica: a pipeline's ranks are dp apart, the copies of a stage
+    # are neighbours. torchtitan orders its mesh the same way (pp outermost): on a
+    # cluster, the heavy gradient all-reduce stays inside a node, the light activations
+    # of a stage boundary cross the network.
+    mesh = init_device_mesh(device.type, (run.pp, run.dp), mesh_dim_names=("pp", "dp"))
+    pp_group, dp_group = mesh.get_group("pp"), mesh.get_group("dp")
+    stage_rank, replica = env.rank // run.dp, env.rank % run.dp
+    log = rank_logger(env, cfg.log_dir)
+    seed_everything(cfg.seed)  # every rank builds the same whole model, then keeps its stages
+    model = TinyTransformer(run.model_cfg).to(device)
+    torch.manual_seed(cfg.seed + 1 + env.rank)  # each rank draws its own dropout masks
+    runner, mine = build_schedule(model, schedule=run.schedule, microbatches=run.microbatches,
+                                  group=pp_group, device=device)  # fmt: skip
+    local = LocalStages(mine, run.model_cfg)
+    optimizer = make_optimizer(local, cfg)
+    last = last_stage_rank(run.schedule, run.pp)
+    pipelines = [[s * run.dp + d for s in range(run.pp)] for d in range(run.dp)]
+    tied = tied_embedding_group(pipelines, last)  # every rank creates every pair's group
+    plan = plan_steps(batches_per_epoch, cfg, samples=len(data.train))
+    step = 0
+    if run.resume is not None:  # this rank's own file: its stages, optimizer and RNG
+        step = restore_training_state(run.resume, local, optimizer, device=device)
+        log.info(f"resumed from step {step}")
+    if env.is_main:
+        remove_stale_temps(Path(cfg.output_dir, "checkpoints"))
+    held: list[Any] = [None] * env.world_size
+    dist.all_gather_object(held, run.stages)
+    ranks = ", ".join(str(last * run.dp + d) for d in range(run.dp))  # the last stage's
+    micro = cfg.global_batch_size // run.dp // run.microbatches
+    log.info(f"pp {run.pp} x dp {run.dp} | {run.schedule} | {run.microbatches} micro-batches "
+             f"of {micro} | loss on rank {ranks}")  # fmt: skip
+    for r, stages in enumerate(held):
+        log.info(f"rank {r}: " + ", ".join(f"stage {s} = blocks {run.layout[s]}" for s in stages))
+    # --8<-- [end:setup]
+
+    # --8<-- [start:loop]
+    params = held_parameters(mine)
+    per_pipeline = cfg.global_batch_size // run.dp
+    while step < plan.stop_at:
+        epoch, batch_in_epoch = plan.position(step)
+        order = epoch_batches(len(data.train), cfg.global_batch_size, seed=cfg.seed, epoch=epoch)
+        for indices in order[batch_in_epoch:]:
+            t0 = time.perf_counter()
+            mine_idx = indices[replica * per_pipeline : (replica + 1) * per_pipeline]
+            x, y = get_batch(data.train, mine_idx, device)  # (B/dp, T) each
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, cfg, plan.total_steps)
+            optimizer.zero_grad(set_to_none=True)
+            losses: list[torch.Tensor] = []  # filled on the last stage's rank only
+            inputs = (x,) if 0 in run.stages else ()  # the first stage's rank feeds the tokens
+            runner.step(*inputs, target=y, losses=losses)
+            sync_tied_embedding(model, tied)  # embedding + head gradients, on both ranks
+            if run.dp > 1:  # plain data parallel across the pipelines: average each stage
+                for p in params:
+                    dist.all_reduce(p.grad, group=dp_group)
+                    p.grad.div_(run.dp)
+            clip_grad_norm(mine, cfg.grad_clip, group=pp_group,
+                           tied_copy=stage_rank == last != 0)  # fmt: skip
+            optimizer.step()
+            step += 1
+            if step % cfg.log_every == 0 or step == plan.stop_at:
+                loss = torch.stack(losses).sum() if losses else torch.zeros((), device=device)
+                dist.all_reduce(loss)  # only the dp last-stage ranks add: / dp is the mean
+                seconds = time.perf_counter() - t0
+                speed = cfg.global_batch_size * x.shape[1] / seconds  # all pipelines' tokens
+                log.info(f"step {step:4d}/{plan.total_steps} | loss {loss.item() / run.dp:.4f} "
+                         f"| {speed:,.0f} tokens/s")  # fmt: skip
+            if step % cfg.checkpoint_every == 0 or step == plan.stop_at:
+                state = training_state(model=local, optimizer=optimizer, cfg=cfg, step=step,
+                                       epoch=epoch, device=device, pp=run.pp, stages=run.stages,
+                                       schedule=run.schedule, layout=run.layout)  # fmt: skip
+                path = save_ranked(state, Path(cfg.output_dir, "checkpoints"), step=step)
+                log.info(f"saved {path}")
+            if step == plan.stop_at:
+                break
+
+
+# --8<-- [end:loop]
+
+
+# --8<-- [start:main]
+def main(argv: Sequence[str] | None = None) -> int:
+    run = check_inputs(parse_args(argv))  # all checks first: a bad flag fails every rank alike
+    data = build_datasets(corpus=run.cfg.corpus, vocab_size=run.model_cfg.vocab_size,
+                          block_size=run.model_cfg.max_position_embeddings)  # fmt: skip
+    batches = len(epoch_batches(len(data.train), run.cfg.global_batch_size, seed=0, epoch=0))
+    plan = plan_steps(batches, run.cfg, samples=len(data.train))
+    if run.resume is not None and run.resume["step"] >= plan.stop_at:
+        raise UsageError(
+            f"the checkpoint is at step {run.resume['step']}, the end of this run: raise --epochs"
+        )
+    with distributed(run.cfg.device, timeout_s=run.cfg.timeout_s):  # joins, always leaves
+        train(run, batches, data)
+    return 0
+
+
+@record  # an uncaught exception's traceback goes to TORCHELASTIC_ERROR_FILE, for torchrun
+def cli() -> int:
+    return run_cli(main)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
+# --8<-- [end:main]
