@@ -41,12 +41,12 @@ from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.model import TinyTransformer
 from tinyscale.core.training import TrainConfig, lr_at, make_optimizer, plan_steps, seed_everything
 from tinyscale.data_parallel.ranked_checkpoint import load_ranked, save_ranked
+from tinyscale.model_parallel.pipeline import split_layers
 from tinyscale.model_parallel.torch_pipeline import (
     SCHEDULES,
     build_schedule,
     check_schedule,
     clip_grad_norm,
-    even_layers,
     held_parameters,
     last_stage_rank,
     stage_placement,
@@ -119,7 +119,7 @@ def check_inputs(args: argparse.Namespace) -> Run:
             f"--microbatches {args.microbatches} does not divide the {batch} samples each of "
             f"the {dp} pipelines gets (--global-batch-size {cfg.global_batch_size} / dp {dp})"
         )
-    layout = [list(r) for r in even_layers(model_cfg.num_hidden_layers, stages)]
+    layout = [list(r) for r in split_layers(model_cfg.num_hidden_layers, stages)]
     path = (
         latest_checkpoint(Path(cfg.output_dir, "checkpoints"))
         if cfg.resume == "auto"

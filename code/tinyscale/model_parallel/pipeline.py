@@ -49,7 +49,7 @@ def split_layers(num_layers: int, stages: int) -> list[range]:
     if stages > num_layers:
         raise UsageError(
             f"{stages} pipeline stages but the model has {num_layers} blocks: use at most "
-            f"{num_layers} stages (ranks x --chunks) or a model with more layers"
+            f"{num_layers} stages (--pp x chunks per rank) or a model with more layers"
         )
     sizes = [num_layers // stages + (s < num_layers % stages) for s in range(stages)]
     starts = [sum(sizes[:s]) for s in range(stages)]

@@ -30,6 +30,7 @@ from torch.distributed.pipelining import (
 from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError, run_cli
 from tinyscale.core.model import ModelStage, TinyTransformer, cut_into_stages
+from tinyscale.model_parallel.pipeline import split_layers
 
 # --8<-- [end:header]
 
@@ -63,18 +64,6 @@ def stage_placement(schedule: str, *, rank: int, pp: int) -> list[int]:
     return [rank + k * pp for k in range(per_rank)]
 
 
-def even_layers(num_layers: int, num_stages: int) -> list[range]:
-    """Contiguous runs of blocks, one per stage, the first stages one block longer if uneven."""
-    if num_stages > num_layers:
-        raise UsageError(
-            f"{num_stages} pipeline stages but the model has {num_layers} blocks: every stage "
-            "needs at least one, lower --pp or raise num_hidden_layers"
-        )
-    sizes = [num_layers // num_stages + (s < num_layers % num_stages) for s in range(num_stages)]
-    starts = [sum(sizes[:s]) for s in range(num_stages)]
-    return [range(start, start + size) for start, size in zip(starts, sizes, strict=True)]
-
-
 # --8<-- [end:placement]
 
 
@@ -99,7 +88,7 @@ def build_schedule(
     cls, per_rank = check_schedule(schedule)
     pp, rank = group.size(), group.rank()
     num_stages = pp * per_rank
-    stages = cut_into_stages(model, even_layers(model.cfg.num_hidden_layers, num_stages))
+    stages = cut_into_stages(model, split_layers(model.cfg.num_hidden_layers, num_stages))
     mine = [stages[i] for i in stage_placement(schedule, rank=rank, pp=pp)]
     wrapped = [
         PipelineStage(stage, i, num_stages, device, group=group)  # sends and receives for it
@@ -280,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UsageError(f"--world-size must be at least 2 for a pipeline, got {args.world_size}")
     if args.microbatches < 1 or 8 % args.microbatches:
         raise UsageError(f"--microbatches {args.microbatches} does not divide the batch of 8")
-    even_layers(8, 2 * args.world_size)  # the model's 8 blocks must cover every stage
+    split_layers(8, 2 * args.world_size)  # the model's 8 blocks must cover every stage
     r = run_on_ranks(compare_schedules, args.world_size, list(SCHEDULES),
                      args.microbatches, deadline_s=240)[0]  # fmt: skip
     print(f"p = {r['pp']} ranks, {args.microbatches} micro-batches of {8 // args.microbatches}; "

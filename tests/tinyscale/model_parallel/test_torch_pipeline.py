@@ -19,12 +19,12 @@ from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.config import preset
 from tinyscale.core.errors import run_cli
 from tinyscale.core.model import TinyTransformer, cut_into_stages
+from tinyscale.model_parallel.pipeline import split_layers
 from tinyscale.model_parallel.torch_pipeline import (
     SCHEDULES,
     build_schedule,
     check_schedule,
     compare_schedules,
-    even_layers,
     grad_diff,
     last_stage_rank,
     main,
@@ -130,7 +130,7 @@ def one_rank_v(scale_grads: bool) -> float:
     reference = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
     if scale_grads:  # torch's default: each stage divides its own gradients by m
-        stages = cut_into_stages(model, even_layers(2, 2))
+        stages = cut_into_stages(model, split_layers(2, 2))
         wrapped = [PipelineStage(s, i, 2, torch.device("cpu")) for i, s in enumerate(stages)]
         runner = ScheduleZBVZeroBubble(wrapped, n_microbatches=4, loss_fn=TinyTransformer.loss)
     else:
@@ -153,12 +153,6 @@ def test_placement_loop_and_v() -> None:
     assert [stage_placement("1f1b", rank=r, pp=4) for r in range(4)] == [[0], [1], [2], [3]]
     assert stage_placement("interleaved", rank=1, pp=2) == [1, 3]
     assert [stage_placement("zbv", rank=r, pp=2) for r in range(2)] == [[0, 3], [1, 2]]
-
-
-def test_even_layers() -> None:
-    assert even_layers(8, 4) == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
-    assert even_layers(5, 2) == [range(0, 3), range(3, 5)]
-    assert "9 pipeline stages but the model has 8 blocks" in one_line_error(even_layers, 8, 9)
 
 
 def test_unknown_schedule_names_the_flag_and_the_choices() -> None:
