@@ -27,6 +27,15 @@ export DS_BUILD_OPS := 0
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.cache/torch_extensions
 # torchtitan reads our corpus through Hugging Face datasets: its cache stays in the repo.
 export HF_HOME ?= $(CURDIR)/.cache/huggingface
+# The pages' outputs are compared digit for digit with a run. On x86, torch, MKL and oneDNN
+# pick their kernels by the CPU (AVX2, AVX-512, AMX), and each rounds differently in the
+# last digits: pin all three to their AVX2 kernels so a run on any x86 machine gives the
+# recorded numbers (tests/docs/test_pinned_kernels.py checks it). Other CPUs are left alone.
+ifeq ($(shell uname -m),x86_64)
+export ATEN_CPU_CAPABILITY ?= avx2
+export MKL_CBWR ?= AVX2
+export ONEDNN_MAX_CPU_ISA ?= AVX2
+endif
 
 .PHONY: help setup system-deps serve build test lint format bench figures clean cluster-up cluster-down
 

@@ -5,10 +5,19 @@ decides which tests must share a worker, reports a failed page block readably, a
 the SLURM cluster a failed page left running. Fixtures are in tests/conftest.py.
 """
 
+import os
+import platform
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+# The same kernel choice as `make test` (see the Makefile) when pytest is run by hand,
+# set before torch is imported here or in any process a test starts.
+if platform.machine() == "x86_64":
+    os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
+    os.environ.setdefault("MKL_CBWR", "AVX2")
+    os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 
 import pytest
 from pytest_codeblocks.plugin import TestBlock
