@@ -18,6 +18,8 @@ if platform.machine() == "x86_64":
     os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
     os.environ.setdefault("MKL_CBWR", "AVX2")
     os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
+# Threads that sleep while they wait: the suite runs several processes per core (Makefile).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
 from pytest_codeblocks.plugin import TestBlock

@@ -148,12 +148,23 @@ all_idle() { # every node of ours is idle
   [ "$(grep -c ' idle$' <<<"$states")" -eq "$NODES" ]
 }
 
+# A new controller numbers its jobs from 1 again, and the course's batch files name their
+# outputs by job id: job 3 of this cluster would find the checkpoints of an earlier
+# cluster's job 3 in runs/slurm-3 and resume from them. On a real cluster ids never repeat.
+forget_old_jobs() {
+  local old=("$ROOT"/runs/slurm-[0-9]* "$ROOT"/logs/slurm-[0-9]*.out)
+  ((${#old[@]})) || return 0
+  rm -rf "${old[@]}"
+  echo "cluster: job ids start at 1 again: removed ${#old[@]} outputs of an earlier cluster's jobs (runs/slurm-<id>, logs/slurm-<id>.out)"
+}
+
 up() {
   check_machine
   local t0=$SECONDS node
   shopt -s nullglob
   if ! running_pid "$STATE/pid/slurmctld.pid" slurmctld >/dev/null; then
     write_config  # only while the controller is down: a running cluster keeps its config
+    forget_old_jobs
   fi
   [ -s "$SLURM_CONF" ] || die "no $SLURM_CONF: run \`$0 down\`, then \`$0 up\` again"
   ensure_hosts
