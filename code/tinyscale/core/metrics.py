@@ -9,11 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # draw to files; no window, works on servers and in CI
-import matplotlib.pyplot as plt
-from torch.utils.tensorboard import SummaryWriter
+# matplotlib and TensorBoard are imported where they are used, not here: together they
+# cost every process that imports this module (each rank of a job) about half a second.
 
 
 class MetricsLogger:
@@ -31,6 +28,8 @@ class MetricsLogger:
         # purge_step: TensorBoard hides older events from this step on: those an interrupted
         # run wrote after its checkpoint, or all of an earlier run in the same directory
         purge_step = resume_step + 1 if resume_step else 0
+        from torch.utils.tensorboard import SummaryWriter
+
         self.tensorboard = SummaryWriter(output_dir / "tensorboard", purge_step=purge_step)
 
     def log(self, step: int, split: str, **values: float) -> None:
@@ -62,6 +61,11 @@ def plot_loss_curves(
     runs: dict[str, list[dict[str, Any]]], png: str | Path, *, title: str = "TinyTransformer loss"
 ) -> Path:
     """Train loss (thin) and held-out loss (markers) against step, one colour per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # draw to files; no window, works on servers and in CI
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
     for i, (label, records) in enumerate(runs.items()):
         colour = f"C{i}"
