@@ -94,12 +94,12 @@ def check_what_to_notice(text: str, runs: dict[str, dict]) -> None:
     for name, d in runs.items():
         floor = Fraction(d["simulated_bubble"][0]) - (0.01 if name == "naive" else 0)
         assert all(b > floor for b in d["measured_bubble"]), name
-    said(text, r"Interleaving loses most of its advantage here")
+    said(text, r"Interleaving keeps most of its advantage, not all")
     formula_gain = Fraction(runs["1f1b"]["simulated_bubble"][0]) - Fraction(
         runs["interleaved"]["simulated_bubble"][0]
     )
     mean = {n: sum(runs[n]["measured_bubble"]) / 4 for n in ("1f1b", "interleaved")}
-    assert mean["1f1b"] - mean["interleaved"] < formula_gain / 2
+    assert formula_gain / 2 < mean["1f1b"] - mean["interleaved"] < formula_gain
     said(text, r"ZB-H1 keeps its lead over 1F1B for the same work")
     assert all(
         zb < one
