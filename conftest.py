@@ -43,7 +43,14 @@ SHARED = "default-ports-logs-and-cluster"
 SHARES = re.compile(
     r"torchrun|fake_multi_node_launcher|logs/|MASTER_PORT|sbatch|srun|\bmake\b|deepspeed\s"
 )
+# `torchrun --standalone` picks a free port: such a command shares nothing by itself.
+STANDALONE = re.compile(r"\btorchrun\b(?=[^\n]*--standalone)")
 SESSION_FIXTURE = "lab1_run"  # the files that use it form one group: it runs once
+
+
+def shares(code: str) -> bool:
+    """Whether page code uses what the shared group's pages share (see SHARES)."""
+    return bool(SHARES.search(STANDALONE.sub("", code.replace("\\\n", " "))))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist turns the groups into scheduling scopes
@@ -58,7 +65,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         path = item.path.resolve().relative_to(ROOT)
         if item.path in lab1_files:
             group = SESSION_FIXTURE
-        elif path.parts[:2] == ("tests", "cluster") or SHARES.search(page_code.get(item.path, "")):
+        elif path.parts[:2] == ("tests", "cluster") or shares(page_code.get(item.path, "")):
             group = SHARED
         else:
             group = str(path)
