@@ -90,6 +90,8 @@ TEST_WORKERS ?= 2
 # run alone a little and saves the suite most of its time (OMP_WAIT_POLICY only changes
 # how threads wait, not how work is split, so every number stays the same).
 test: export OMP_WAIT_POLICY := PASSIVE
+# The browser test opens the site `build` has just made instead of building it again.
+test: export TINYSCALE_SITE := $(CURDIR)/site
 test: setup lint build
 	$(BIN)/pytest --codeblocks -n $(TEST_WORKERS) --dist loadgroup --durations=15 tests docs
 

@@ -7,7 +7,6 @@ the SLURM cluster a failed page left running. Fixtures are in tests/conftest.py.
 
 import os
 import platform
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from pytest_codeblocks.plugin import TestBlock
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "tests"))  # tests/helpers.py, shared with the tests
-from helpers import masked  # noqa: E402
+from helpers import SLURM_COMMANDS, masked  # noqa: E402
 
 # Session C's page starts the course's SLURM cluster (make cluster-up, state in build/slurm)
 # and stops it in its last code block. If a block in between fails, stop it at the end of
@@ -35,22 +34,24 @@ SLURM_STATE = ROOT / "build" / "slurm"
 SLURM_WAS_UP = (SLURM_STATE / "pid").exists()
 # `make test` runs two pytest workers (pytest-xdist, --dist loadgroup); each group below
 # runs whole, in order, on one worker. A test file is a group (its module fixtures run
-# once). A page is a group (its blocks build on each other), except that the pages whose
-# blocks use what every such page shares — torchrun's default ports, the logs/ folder,
-# the SLURM cluster, the DeepSpeed launcher — form one group with tests/cluster.
-# Every other test has its own tmp_path and free ports.
-SHARED = "default-ports-logs-and-cluster"
-SHARES = re.compile(
-    r"torchrun|fake_multi_node_launcher|logs/|MASTER_PORT|sbatch|srun|\bmake\b|deepspeed\s"
-)
-# `torchrun --standalone` picks a free port: such a command shares nothing by itself.
-STANDALONE = re.compile(r"\btorchrun\b(?=[^\n]*--standalone)")
+# once). A page is a group (its blocks build on each other), except that the pages that
+# use the course's SLURM cluster (one per machine: build/slurm) form one group with
+# tests/cluster. Every other test has its own tmp_path and free ports; pages write under
+# runs/ and logs/ in folders of their own (tests/docs/test_pages_share_nothing.py).
+SHARED = "slurm-cluster"
+# torchrun's default port (29500) is the one thing every `torchrun --nproc_per_node=N`
+# line on the pages would share. PET_MASTER_PORT is torchrun's own environment form of
+# --master-port: each worker gets one of its own, outside the OS's range for free ports
+# (32768-60999) and away from the ports the pages name. The commands stay as shown.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+if WORKER.startswith("gw"):
+    os.environ["PET_MASTER_PORT"] = str(29600 + 100 * int(WORKER[2:]))
 SESSION_FIXTURE = "lab1_run"  # the files that use it form one group: it runs once
 
 
 def shares(code: str) -> bool:
-    """Whether page code uses what the shared group's pages share (see SHARES)."""
-    return bool(SHARES.search(STANDALONE.sub("", code.replace("\\\n", " "))))
+    """Whether page code uses the SLURM cluster, which the shared group's pages share."""
+    return bool(SLURM_COMMANDS.search(code))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist turns the groups into scheduling scopes

@@ -30,13 +30,19 @@ def root() -> Path:
     return ROOT
 
 
+LAB1_STEPS = 200  # of the full run's 414: what the resume tests compare with
+
+
 @pytest.fixture(scope="session")
 def lab1_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The Lab 1 command, run once per session in-process: --epochs 2, default everything else.
+    """The first LAB1_STEPS steps of the Lab 1 command, once per session, in-process.
 
-    Returns the output directory (checkpoints/, metrics.jsonl, tensorboard/, loss_curve.png).
+    ``--max-steps`` keeps the 2-epoch schedule, so these are the first records of the full
+    run (which Lab 1's page runs and compares). Returns the output directory
+    (checkpoints/, metrics.jsonl, tensorboard/, loss_curve.png).
     """
     out = tmp_path_factory.mktemp("lab1")
     script = load_script("train_tiny_transformer")
-    assert script.main(["--epochs", "2", "--output-dir", str(out), "--no-progress"]) == 0
+    args = ["--epochs", "2", "--max-steps", str(LAB1_STEPS), "--output-dir", str(out)]
+    assert script.main([*args, "--no-progress"]) == 0
     return out

@@ -41,6 +41,20 @@ def load_tool(name: str) -> ModuleType:
     return load_script(name, folder="tools")
 
 
+# Page code that uses the course's SLURM cluster (one per machine, in build/slurm): such
+# pages run one after another, in one group (conftest.py).
+SLURM_COMMANDS = re.compile(r"\b(sbatch|srun|scontrol|squeue|scancel|sinfo|sacct|make)\b")
+
+
+def runnable_blocks(page: Path) -> list[Any]:
+    """The code blocks of a page that pytest-codeblocks runs: python, sh and bash, not skipped."""
+    return [
+        block
+        for block in extract_from_file(page)
+        if block.syntax in ("python", "sh", "bash") and not any("skip" in m for m in block.marks)
+    ]
+
+
 def recorded_output(page: str, command: str, docs: Path = ROOT / "docs") -> list[str]:
     """The output docs/<page> shows for the block that contains ``command``, line by line.
 

@@ -1,7 +1,7 @@
 """`make test`'s two workers keep a group together (pytest-xdist's --dist loadgroup).
 
 conftest.py marks what must run on one worker, in order: a page's blocks, a test file,
-the pages that share torchrun's default ports or the SLURM cluster. If the grouping
+the pages that share the SLURM cluster. If the grouping
 silently stops working (it did with pytest 9 and pytest-xdist 3.8), pages fail at
 random; this test fails first, with the reason.
 """

@@ -1,7 +1,8 @@
 """The built site in a real headless browser, with no network (ARCHITECTURE.md §5).
 
-Builds the site with `mkdocs build --strict` into a temporary directory, serves it on
-127.0.0.1 and opens every page in Chromium. A page fails on: a console error, an uncaught
+Builds the site with `mkdocs build --strict` into a temporary directory (or takes the one
+`make test` has just built, named by TINYSCALE_SITE), serves it on 127.0.0.1 and opens
+every page in Chromium. A page fails on: a console error, an uncaught
 exception, a failed request or an HTTP error status, any request that leaves 127.0.0.1
 (blocked: the course must work offline), a mermaid diagram not rendered to an SVG, and a
 `--8<--` left in the HTML (an include that did not expand). Screenshots of the home page
@@ -298,6 +299,11 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def site_dir(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The site `make test` built a moment ago (TINYSCALE_SITE), or a fresh build."""
+    built = os.environ.get("TINYSCALE_SITE")
+    if built:
+        assert (Path(built) / "index.html").is_file(), f"TINYSCALE_SITE={built} holds no site"
+        return Path(built)
     site = tmp_path_factory.mktemp("site")
     build_site(root, site)
     return site

@@ -26,8 +26,14 @@ def losses(records: list[dict]) -> list[tuple[int, str, float]]:
 
 
 def test_lab1_recorded_metrics_match_a_fresh_run(lab1_run: Path) -> None:
-    recorded = losses(read_metrics(GENERATED / "lab1" / "metrics.jsonl"))
+    """The fresh run is the first steps of Lab 1's (same schedule); the page's own block
+    re-runs the whole command and compares its printed losses to the last one."""
     fresh = losses(read_metrics(lab1_run / "metrics.jsonl"))
+    last = fresh[-1][0]
+    recorded = [
+        r for r in losses(read_metrics(GENERATED / "lab1" / "metrics.jsonl")) if r[0] <= last
+    ]
+    assert last >= 200 and len(recorded) > 200
     assert [r[:2] for r in recorded] == [f[:2] for f in fresh], "the run has different steps now"
     worst = max(abs(r[2] - f[2]) for r, f in zip(recorded, fresh, strict=True))
     assert worst <= LOSS_TOLERANCE, f"losses drifted by {worst:.4f}: run `make figures`"

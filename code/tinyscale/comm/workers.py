@@ -7,8 +7,8 @@
 want them to stay: start N workers once, send each a cell of code, see what every rank
 printed, send the next cell — the names a cell defines are still there. That is what
 nbdistributed does with ZMQ; this module does it with what the course already has:
-``multiprocessing`` (spawn), one pipe per worker and a gloo process group. ``close()``
-ends only the processes this pool started, by their pid.
+``multiprocessing`` (started as ``run_on_ranks`` starts ranks), one pipe per worker and
+a gloo process group. ``close()`` ends only the processes this pool started, by pid.
 """
 
 import ast
@@ -25,9 +25,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from tinyscale.comm.launch import free_port
+from tinyscale.comm.launch import adopt_environment, free_port, process_context
 from tinyscale.core.errors import UsageError
 
 GRACE_S = 2.0  # a cell's deadline is the collective timeout plus this: the timeout fires first
@@ -53,8 +52,11 @@ class CellError(RuntimeError):
 
 
 # --8<-- [start:worker]
-def _serve(rank: int, world_size: int, port: int, timeout_s: float, conn: Any) -> None:
+def _serve(
+    rank: int, world_size: int, port: int, timeout_s: float, conn: Any, environ: dict[str, str]
+) -> None:
     """One worker: join the group, then run every cell it is sent in one namespace."""
+    adopt_environment(environ)
     torch.set_num_threads(1)  # N workers share the cores
     conn.send(("imported", os.getpid()))  # torch is loaded; wait until every rank is
     if conn.recv() != "init":
@@ -133,13 +135,15 @@ class WorkerPool:
         if timeout_s <= 0:
             raise UsageError(f"timeout_s must be positive, got {timeout_s}: use e.g. 10")
         self.world_size, self.timeout_s = world_size, timeout_s
-        ctx = mp.get_context("spawn")  # fork would copy a notebook kernel's threads
+        ctx = process_context()  # plain fork would copy a notebook kernel's threads
         port = free_port()
         self._conns, self._procs = [], []
         for rank in range(world_size):
             parent, child = ctx.Pipe()
             proc = ctx.Process(
-                target=_serve, args=(rank, world_size, port, timeout_s, child), daemon=True
+                target=_serve,
+                args=(rank, world_size, port, timeout_s, child, dict(os.environ)),
+                daemon=True,
             )
             proc.start()
             child.close()  # only the worker holds this end: its death closes the pipe
