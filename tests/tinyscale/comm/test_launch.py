@@ -2,13 +2,21 @@
 and is named; nothing is left running."""
 
 import os
+import sys
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from tinyscale.comm.launch import RankFailed, free_port, run_on_ranks, whoami
+from tinyscale.comm.launch import (
+    PRELOAD,
+    RankFailed,
+    free_port,
+    process_context,
+    run_on_ranks,
+    whoami,
+)
 from tinyscale.core.errors import UsageError
 
 
@@ -106,3 +114,28 @@ def test_free_port_is_bindable() -> None:
     port = free_port()
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", port))
+
+
+def environment_and_start() -> tuple[str | None, str | None, bool]:
+    return (
+        os.environ.get("TINYSCALE_PROBE"),
+        os.environ.get("TINYSCALE_GONE"),
+        "torch.distributed" in sys.modules,
+    )
+
+
+def test_ranks_see_the_callers_environment_as_it_is_now(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fork-server rank starts from the server's environment, frozen at its first use;
+    run_on_ranks hands each rank the caller's current one, as spawn would."""
+    monkeypatch.setenv("TINYSCALE_GONE", "set before the server started")
+    run_on_ranks(whoami, 1)  # the fork server exists from here on
+    monkeypatch.setenv("TINYSCALE_PROBE", "set later")
+    monkeypatch.delenv("TINYSCALE_GONE")
+    probe, gone, loaded = run_on_ranks(environment_and_start, 2)[1]
+    assert (probe, gone, loaded) == ("set later", None, True)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="spawn is the start method off Linux")
+def test_ranks_come_from_the_fork_server_on_linux() -> None:
+    assert process_context().get_start_method() == "forkserver"
+    assert "torch" in PRELOAD
