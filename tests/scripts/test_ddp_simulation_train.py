@@ -9,11 +9,8 @@ checked for several things:
   logged fingerprint difference is exactly 0); per-rank losses differ yet stay close to
   the global loss; every rank consumes micro x accum samples per step and together they
   consume the global batch.
-- world 1 vs world 2 with accumulation (dropout 0): the same parameters after 20 steps
-  within PARITY_TOLERANCE — DDP + no_sync equals one process on the combined batch.
-- failure lab: ``--fail-rank 2`` with 4 processes: torchrun exits non-zero within 60 s,
-  every rank is reported failed, and the root cause names rank 2 and its traceback.
-- the hang and the elastic restart: Lab 2's page runs them with their expected output.
+- accumulation vs one process, a failing rank, the hang and the elastic restart: Lab 2's
+  page runs them with their expected output.
 - bad input: one ``error:`` line, exit code 2, nothing written (in-process, fast).
 """
 
@@ -27,16 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from helpers import ROOT, load_script
 from tinyscale.comm.launch import free_port
-from tinyscale.core.checkpoint import load_checkpoint
 from tinyscale.core.errors import run_cli
 
 SCRIPT = "code/scripts/ddp_simulation_train.py"
 LAB_ARGS = ["--max-steps", "40", "--log-every", "1"]  # the page's command, logged every step
-PARITY_TOLERANCE = 5e-5  # max |Δ| of any weight after 20 AdamW steps; measured 7.6e-6
 CLOSE_LOSSES = 0.25  # nats: two ranks' losses on different shards of the same batch
 LINE = re.compile(
     r"rank (?P<rank>\d+)/(?P<world>\d+) local_rank (?P<local>\d+) \| step +(?P<step>\d+)/\d+ "
@@ -67,31 +61,9 @@ def torchrun(
     return done, time.monotonic() - t0
 
 
-def single_process(out: Path, *args: str) -> subprocess.CompletedProcess:
-    """World size 1 without torchrun: the variables torchrun would set, by hand."""
-    env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
-    env |= {"MASTER_PORT": str(free_port()), "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [sys.executable, SCRIPT, *args, "--output-dir", str(out), "--log-dir", str(out / "logs")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, **env},
-        check=True,
-    )
-
-
 def steps(out: Path, rank: int) -> list[dict[str, Any]]:
     lines = (out / "logs" / f"rank_{rank}" / "train.log").read_text().splitlines()
     return [m.groupdict() for line in lines if (m := LINE.search(line))]
-
-
-def no_dropout_config(tmp_path: Path) -> Path:
-    config = json.loads((ROOT / "code" / "config" / "config.json").read_text())
-    path = tmp_path / "no-dropout.json"
-    path.write_text(json.dumps({**config, "dropout": 0.0}))  # dropout masks differ by rank
-    return path
 
 
 # ----------------------------------------------------------------- the Lab 2 run, world 2
@@ -148,46 +120,10 @@ def test_every_rank_consumes_its_share_of_the_global_batch(world2: Path) -> None
     assert [r["tokens"] for r in summary["per_rank"]] == [40 * 16 * 64] * 2
 
 
-# --------------------------------------------------------- parity: DDP == one process
-
-
-def test_ddp_with_accumulation_equals_one_process_on_the_combined_batch(tmp_path: Path) -> None:
-    config = no_dropout_config(tmp_path)
-    args = ["--config", str(config), "--max-steps", "20", "--log-every", "1"]
-    single_process(tmp_path / "w1", *args)
-    done, _ = torchrun(2, tmp_path / "w2", *args, "--grad-accum-steps", "2")
-    assert done.returncode == 0, done.stderr[-3000:]
-    one = load_checkpoint(tmp_path / "w1" / "checkpoints" / "step_000020.pt")
-    ddp = load_checkpoint(tmp_path / "w2" / "checkpoints" / "step_000020.pt")
-    worst = max((one["model"][k] - ddp["model"][k]).abs().max().item() for k in one["model"])
-    assert worst < PARITY_TOLERANCE, worst
-    assert worst > 0 or torch.equal(one["model"]["tok_emb.weight"], ddp["model"]["tok_emb.weight"])
-    g1 = [float(r["global_loss"]) for r in steps(tmp_path / "w1", 0)]
-    g2 = [float(r["global_loss"]) for r in steps(tmp_path / "w2", 0)]
-    assert max(abs(a - b) for a, b in zip(g1, g2, strict=True)) <= 2e-4
-    # each rank read micro 8 x accum 2 = 16 samples per step; one process read all 32
-    assert {r["samples"] for r in steps(tmp_path / "w2", 1)} == {"16"}
-    assert {r["samples"] for r in steps(tmp_path / "w1", 0)} == {"32"}
-
-
-# -------------------------------------------------------------------------- failure lab
-
-
-def test_a_failing_rank_takes_the_job_down_and_is_named(tmp_path: Path) -> None:
-    done, seconds = torchrun(
-        4, tmp_path, "--max-steps", "40", "--fail-rank", "2", "--fail-step", "3"
-    )
-    assert done.returncode != 0 and seconds < 60
-    report = done.stderr[done.stderr.index("FAILED") :]
-    failures = re.findall(r"rank\s+: (\d) \(local_rank: \d\)\n\s+exitcode\s+: (-?\d+)", report)
-    assert sorted(int(r) for r, _ in failures) == [0, 1, 2, 3], "every rank is accounted for"
-    assert all(int(code) != 0 for _, code in failures)
-    root = report[report.index("Root Cause") :]
-    assert re.search(r"rank\s+: 2 \(local_rank: 2\)", root)
-    assert "error_file: " in root and "RuntimeError: injected failure on rank 2 at step 3" in root
-    assert not (tmp_path / "summary.json").exists()
-
-
+# Accumulation (2 ranks x 2 micro-batches of 8 == one process on 32: weights within 5e-5,
+# global loss at every logged step within 2e-4, 16 samples per rank) and a failing rank
+# (rank 2 of 4 at step 3: torchrun exits 1 and names rank 2 and its RuntimeError as the
+# root cause) are Lab 2's own code blocks, run by `make test` with their expected output.
 # The hang (rank 1 skips a collective; the 3 s process-group timeout ends it, rank 0 logged up
 # to step 2) and the elastic restart (rank 1 fails once at step 13; the restarted group
 # resumes from step 10 and ends with the same losses and bit-for-bit the same weights as the

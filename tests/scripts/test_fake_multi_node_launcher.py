@@ -3,14 +3,14 @@
 Each run is the launcher (or two bash shells) as a subprocess with a timeout, on a free
 port, OMP_NUM_THREADS=1, a few training steps:
 
-- 2 nodes x 2 processes: every process reports the NODE_RANK, LOCAL_RANK, RANK, WORLD_SIZE,
-  MASTER_ADDR and MASTER_PORT that rank arithmetic predicts; the job trains on world size 4.
-- the page's two-terminal commands, run at the same time: one job of world size 2 x 1.
 - a node whose rank crashes: the launcher stops the other node, exits 1, names the error,
   and leaves no process of the job behind.
-- a node that never comes: node 0's agent times out at the rendezvous, in bounded time.
 - the launcher's own --timeout: every agent and worker stopped, nothing left behind.
 - bad input: one `error:` line, exit code 2, nothing started or written (in-process).
+
+Lab 3's page runs the 2 x 2 job (its printed table of every rank's variables, and each
+rank's log) and the node that never comes (node 0's agent times out at the rendezvous),
+and compares what they print: those runs are not repeated here.
 """
 
 import json
@@ -25,9 +25,7 @@ from pathlib import Path
 import pytest
 
 from helpers import ROOT, load_script
-from tinyscale.comm.launch import free_port
 from tinyscale.core.errors import run_cli
-from tinyscale.ops.multinode import expected_env
 
 LAUNCHER = "code/scripts/fake_multi_node_launcher.py"
 PAGE = ROOT / "docs" / "workshop" / "lab-3.md"
@@ -70,31 +68,6 @@ def processes_mentioning(text: str) -> list[str]:
     return found
 
 
-def test_two_nodes_of_two_processes_make_one_job_of_world_size_4(tmp_path: Path) -> None:
-    port = free_port()
-    done, _ = launch(tmp_path, "--nnodes", "2", "--nproc-per-node", "2", "--master-port", str(port))
-    assert done.returncode == 0, done.stdout + done.stderr
-    lines = done.stdout.splitlines()
-    assert (
-        lines[0] == f"rendezvous at 127.0.0.1:{port} (static): 2 nodes x 2 per node = world size 4"
-    )
-    assert lines[1].startswith("node 0: ranks 0..1,") and lines[2].startswith("node 1: ranks 2..3,")
-    header = lines[3].split()
-    rows = [dict(zip(header, line.split(), strict=True)) for line in lines[4:8]]
-    assert rows == expected_env(2, 2, "127.0.0.1", port)  # what every process printed
-    assert lines[8:] == [
-        "node 0: exit code 0",
-        "node 1: exit code 0",
-        "2/2 nodes finished: world size 4, every rank where NODE_RANK x 2 + LOCAL_RANK says: True",
-    ]
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["world_size"] == 4 and summary["steps"] == 3
-    for rank in range(4):
-        log = (tmp_path / "run" / "logs" / f"rank_{rank}" / "train.log").read_text()
-        assert f"rank {rank}/4 local_rank {rank % 2} | step    3/" in log
-    assert not processes_mentioning(str(tmp_path))
-
-
 def test_the_page_shows_the_two_terminals_word_for_word() -> None:
     """The page's block that runs both terminals at once is executed by pytest-codeblocks;
     this checks that it types exactly the lines a reader types in each terminal."""
@@ -118,22 +91,6 @@ def test_a_crashing_node_stops_the_others_and_is_named(tmp_path: Path) -> None:
     assert re.search(r"^node 0: (stopped \(another node failed\)|exit code 1)", done.stdout, re.M)
     assert seconds < RUN_TIMEOUT_S - 30
     assert not processes_mentioning(str(tmp_path)), "no agent or worker left behind"
-
-
-def test_a_node_that_never_comes_times_out_node_0s_agent(tmp_path: Path) -> None:
-    rdzv_timeout = 3
-    done, seconds = launch(
-        tmp_path, "--nnodes", "2", "--node-rank", "0", "--rdzv-timeout", str(rdzv_timeout)
-    )
-    assert done.returncode == 1
-    assert re.search(
-        r"^node 0: exit code 1: torch.distributed.DistStoreError: Timed out after \d+ seconds "
-        r"waiting for clients. 1/2 clients joined.$",
-        done.stdout,
-        re.M,
-    ), done.stdout
-    assert rdzv_timeout < seconds < 60
-    assert "GROUP_RANK" not in done.stdout, "no worker ever started"
 
 
 def test_the_launchers_timeout_stops_every_agent_and_worker(tmp_path: Path) -> None:

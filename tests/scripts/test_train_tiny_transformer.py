@@ -271,16 +271,29 @@ def test_the_default_config_is_found_from_any_folder(
     assert not (tmp_path / "runs").exists()
 
 
-def test_resume_past_the_end_asks_for_more_epochs(
-    script: ModuleType, lab1_run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["--epochs", "2", "--max-steps", "200"], "--max-steps"),  # where lab1_run stopped
+        (["--epochs", "1", "--global-batch-size", "32"], "--epochs"),  # 103 steps in all
+    ],
+)
+def test_resume_past_the_end_asks_for_more_steps(
+    script: ModuleType,
+    lab1_run: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    args: list[str],
+    flag: str,
 ) -> None:
     final = sorted((lab1_run / "checkpoints").iterdir())[-1]
+    assert final.name == "step_000200.pt"
     out = tmp_path / "run"
-    args = ["--epochs", "2", "--resume", str(final), "--output-dir", str(out), "--no-progress"]
+    args = [*args, "--resume", str(final), "--output-dir", str(out), "--no-progress"]
     capsys.readouterr()
     assert run_cli(script.main, args) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and err.count("\n") == 1 and "raise --epochs" in err
+    assert err.startswith("error: ") and err.count("\n") == 1 and f"raise {flag} to" in err
     assert not out.exists()
 
 

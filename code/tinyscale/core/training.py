@@ -229,8 +229,9 @@ def train(
     if resume is not None:  # put back everything that decides what happens next
         step = restore_training_state(resume, model, optimizer, device=device)
     if step >= plan.stop_at:
+        flag = "--epochs" if plan.stop_at == plan.total_steps else "--max-steps"
         raise UsageError(
-            f"the checkpoint is at step {step}, the end of this run: raise --epochs to train further"
+            f"the checkpoint is at step {step}, the end of this run: raise {flag} to train further"
         )
     logger = MetricsLogger(out, history=resume["history"] if resume else None, resume_step=step)
     remove_stale_temps(out / "checkpoints")  # left by a save that was killed mid-write
