@@ -1,6 +1,6 @@
 """How pytest runs this repository's tests and pages: loaded for tests/ and docs/ alike.
 
-`make test` runs ``pytest --codeblocks -n 2 --dist loadgroup tests docs``. This file
+`make test` runs ``pytest --codeblocks -n 3 --dist loadgroup tests docs``. This file
 decides which tests must share a worker, reports a failed page block readably, and stops
 the SLURM cluster a failed page left running. Fixtures are in tests/conftest.py.
 """
@@ -32,7 +32,7 @@ from helpers import SLURM_COMMANDS, masked  # noqa: E402
 # the session — only when this session started it.
 SLURM_STATE = ROOT / "build" / "slurm"
 SLURM_WAS_UP = (SLURM_STATE / "pid").exists()
-# `make test` runs two pytest workers (pytest-xdist, --dist loadgroup); each group below
+# `make test` runs three pytest workers (pytest-xdist, --dist loadgroup); each group below
 # runs whole, in order, on one worker. A test file is a group (its module fixtures run
 # once). A page is a group (its blocks build on each other), except that the pages that
 # use the course's SLURM cluster (one per machine: build/slurm) form one group with

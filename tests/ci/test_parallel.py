@@ -1,4 +1,4 @@
-"""`make test`'s two workers keep a group together (pytest-xdist's --dist loadgroup).
+"""`make test`'s workers keep a group together (pytest-xdist's --dist loadgroup).
 
 conftest.py marks what must run on one worker, in order: a page's blocks, a test file,
 the pages that share the SLURM cluster. If the grouping

@@ -1,6 +1,6 @@
 """Pages that run side by side share no folder and no port (conftest.py's grouping).
 
-`make test` runs pages on two workers at once. conftest.py keeps only the SLURM pages
+`make test` runs pages on three workers at once. conftest.py keeps only the SLURM pages
 together; every other page may run beside any other, which is safe only while no two of
 them write the same folder under runs/ or logs/, or listen on the same fixed port.
 torchrun's default port is not one of them: each worker sets PET_MASTER_PORT. This test
