@@ -86,7 +86,7 @@ format: setup
 # conftest.py groups what must run on one worker, in order.
 TEST_WORKERS ?= 3
 
-# Two workers, each starting processes of its own, keep more threads busy than there are
+# The workers, each starting processes of its own, keep more threads busy than there are
 # cores. OpenMP threads that spin while they wait then steal each other's cores: two
 # 2-thread trainings side by side took 84 s each instead of 4 s. Passive waiting costs a
 # run alone a little and saves the suite most of its time (OMP_WAIT_POLICY only changes

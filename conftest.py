@@ -49,11 +49,6 @@ if WORKER.startswith("gw"):
 SESSION_FIXTURE = "lab1_run"  # the files that use it form one group: it runs once
 
 
-def shares(code: str) -> bool:
-    """Whether page code uses the SLURM cluster, which the shared group's pages share."""
-    return bool(SLURM_COMMANDS.search(code))
-
-
 @pytest.hookimpl(tryfirst=True)  # before xdist turns the groups into scheduling scopes
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     page_code: dict[Path, str] = {}  # the blocks of each page that run
@@ -66,7 +61,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         path = item.path.resolve().relative_to(ROOT)
         if item.path in lab1_files:
             group = SESSION_FIXTURE
-        elif path.parts[:2] == ("tests", "cluster") or shares(page_code.get(item.path, "")):
+        elif path.parts[:2] == ("tests", "cluster") or SLURM_COMMANDS.search(
+            page_code.get(item.path, "")
+        ):
             group = SHARED
         else:
             group = str(path)

@@ -50,10 +50,10 @@ PRELOAD = ["torch", "torch.distributed"]
 def process_context() -> Any:
     """How ranks start: copies of a fork server on Linux, fresh interpreters elsewhere.
 
-    A spawned rank is a new interpreter that imports torch again, about 3 s of CPU per
-    rank on every call. A fork server is one clean interpreter, started with the first
-    call, that imports torch and then forks a copy for each rank it is asked for: ranks
-    start in milliseconds with torch loaded. Each copy comes from the server, never from
+    A spawned rank is a new interpreter that imports torch again, seconds of CPU per rank
+    on every call. A fork server is one clean interpreter, started with the first call,
+    that imports torch and then forks a copy for each rank it is asked for: ranks start
+    with torch already loaded. Each copy comes from the server, never from
     the caller, so it inherits no threads, no process group and no open sockets: none of
     plain fork's hazards. macOS and Windows keep spawn (forking a process that loaded
     Apple's system frameworks is not safe).

@@ -9,14 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tinyscale.comm.launch import (
-    PRELOAD,
-    RankFailed,
-    free_port,
-    process_context,
-    run_on_ranks,
-    whoami,
-)
+from tinyscale.comm.launch import RankFailed, free_port, run_on_ranks, whoami
 from tinyscale.core.errors import UsageError
 
 
@@ -116,26 +109,30 @@ def test_free_port_is_bindable() -> None:
         sock.bind(("127.0.0.1", port))
 
 
-def environment_and_start() -> tuple[str | None, str | None, bool]:
-    return (
-        os.environ.get("TINYSCALE_PROBE"),
-        os.environ.get("TINYSCALE_GONE"),
-        "torch.distributed" in sys.modules,
-    )
+def environment() -> tuple[str | None, str | None]:
+    return os.environ.get("TINYSCALE_PROBE"), os.environ.get("TINYSCALE_CACHE")
 
 
 def test_ranks_see_the_callers_environment_as_it_is_now(monkeypatch: pytest.MonkeyPatch) -> None:
     """A fork-server rank starts from the server's environment, frozen at its first use;
-    run_on_ranks hands each rank the caller's current one, as spawn would."""
-    monkeypatch.setenv("TINYSCALE_GONE", "set before the server started")
+    run_on_ranks hands each rank the caller's current one, as spawn would. TINYSCALE_CACHE
+    was set when tests/conftest.py was imported, before any server started."""
     run_on_ranks(whoami, 1)  # the fork server exists from here on
+    assert os.environ.get("TINYSCALE_CACHE")
     monkeypatch.setenv("TINYSCALE_PROBE", "set later")
-    monkeypatch.delenv("TINYSCALE_GONE")
-    probe, gone, loaded = run_on_ranks(environment_and_start, 2)[1]
-    assert (probe, gone, loaded) == ("set later", None, True)
+    monkeypatch.delenv("TINYSCALE_CACHE")
+    assert run_on_ranks(environment, 2) == [("set later", None)] * 2
+
+
+def parent() -> tuple[int, bytes]:
+    ppid = os.getppid()
+    with open(f"/proc/{ppid}/cmdline", "rb") as cmdline:
+        return ppid, cmdline.read()
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="spawn is the start method off Linux")
-def test_ranks_come_from_the_fork_server_on_linux() -> None:
-    assert process_context().get_start_method() == "forkserver"
-    assert "torch" in PRELOAD
+def test_ranks_are_forked_by_one_fork_server_not_by_the_caller() -> None:
+    first, second = run_on_ranks(parent, 2), run_on_ranks(parent, 1)
+    pids = {pid for pid, _ in first + second}
+    assert len(pids) == 1 and os.getpid() not in pids  # one server, reused across calls
+    assert b"forkserver" in first[0][1]
