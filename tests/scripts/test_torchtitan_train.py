@@ -16,6 +16,7 @@ from helpers import recorded_output
 
 pytest.importorskip("torchtitan", reason="torchtitan is in the cluster extra: make setup")
 
+from tinyscale.compat.titan_compat import needs_patches
 from tinyscale.compat.titan_config import VOCAB_SIZE, prepare_assets, tinyscale_debug
 
 
@@ -56,6 +57,9 @@ def test_config_function_points_at_our_assets_and_sizes_for_a_laptop() -> None:
     assert config.parallelism.data_parallel_shard_degree == -1
     assert config.activation_checkpoint is None and not config.compile.enable
     assert (config.training.steps, config.training.seq_len) == (6, 128)
+    # fp32 without a GPU (a CPU emulates bf16 matmuls); torchtitan's bf16 default on GPUs
+    expected = "float32" if needs_patches() else "bfloat16"
+    assert config.training.mixed_precision_param == expected
 
 
 def test_assets_are_written_once_and_completely(tmp_path: Path) -> None:

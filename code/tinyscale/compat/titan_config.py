@@ -8,7 +8,8 @@
 returns a Trainer.Config, and flags such as `--training.steps 20` override its fields.
 Ours starts from torchtitan's own llama3 debug model and changes only what a laptop
 needs: our tokenizer and corpus (its wheel ships neither; nothing is downloaded), short
-sequences, a few steps, no activation checkpointing, a fixed seed.
+sequences, a few steps, no activation checkpointing, a fixed seed, and on a machine
+without a GPU float32 compute instead of bf16.
 """
 
 import json
@@ -18,6 +19,7 @@ from pathlib import Path
 from torchtitan.models.llama3.config_registry import llama3_debugmodel
 from torchtitan.trainer import Trainer
 
+from tinyscale.compat.titan_compat import needs_patches
 from tinyscale.core.data import EOT, load_corpus, train_tokenizer
 
 ASSETS = Path("runs/torchtitan/assets")  # made by prepare_assets(), not committed
@@ -64,6 +66,8 @@ def tinyscale_debug() -> Trainer.Config:
     config.lr_scheduler.warmup_steps = 2
     config.parallelism.data_parallel_shard_degree = -1  # FSDP over every rank
     config.activation_checkpoint = None  # = activation-checkpoint:none on the command line
+    if needs_patches():  # no GPU: compute in fp32, not torchtitan's default bf16
+        config.training.mixed_precision_param = "float32"  # a CPU without bf16 units emulates it
     config.validator.enable = False
     config.checkpoint.enable = True
     config.checkpoint.interval = 3
