@@ -44,7 +44,8 @@ def free_port() -> int:
 
 # --8<-- [start:context]
 # What every rank imports anyway: the fork server loads it once, and each rank is a copy.
-PRELOAD = ["torch", "torch.distributed"]
+# torch._dynamo too: torch.optim's optimizers, DDP and DCP import it on first use (seconds).
+PRELOAD = ["torch", "torch.distributed", "torch._dynamo"]
 
 
 def process_context() -> Any:
