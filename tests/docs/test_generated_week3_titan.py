@@ -18,7 +18,8 @@ from helpers import ROOT, load_tool, recorded_output
 
 pytest.importorskip("torchtitan", reason="torchtitan is in the cluster extra: make setup")
 
-from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
+# torchtitan's modules are imported in the tests that use them, not here: importing them
+# costs seconds of CPU, and every pytest worker imports this file to collect it.
 
 from tinyscale.model_parallel.torch_pipeline import stage_placement
 
@@ -43,6 +44,8 @@ def test_1f1b_run_is_the_pages_run(runs: dict) -> None:
 
 @pytest.mark.parametrize("schedule", sorted(SCHEDULES))
 def test_stages_follow_torchtitans_split_and_our_placement(runs: dict, schedule: str) -> None:
+    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
+
     name, stages = SCHEDULES[schedule]
     run = runs[schedule]
     assert [s["modules"] for s in run["stages"]] == _generate_llm_fqn_per_model_part(

@@ -16,8 +16,8 @@ from helpers import recorded_output
 
 pytest.importorskip("torchtitan", reason="torchtitan is in the cluster extra: make setup")
 
-from tinyscale.compat.titan_compat import needs_patches
-from tinyscale.compat.titan_config import VOCAB_SIZE, prepare_assets, tinyscale_debug
+# torchtitan's modules are imported in the tests that use them, not here: importing them
+# costs seconds of CPU, and every pytest worker imports this file to collect it.
 
 
 def recorded(command_end: str = "--config tinyscale_debug 2>&1") -> str:
@@ -50,6 +50,9 @@ def test_recorded_resume_from_step_3_repeats_steps_4_to_6() -> None:
 
 
 def test_config_function_points_at_our_assets_and_sizes_for_a_laptop() -> None:
+    from tinyscale.compat.titan_compat import needs_patches
+    from tinyscale.compat.titan_config import tinyscale_debug
+
     config = tinyscale_debug()
     tokenizer = Path(config.hf_assets_path)
     assert json.loads((tokenizer / "tokenizer_config.json").read_text())["eos_token"]
@@ -63,6 +66,8 @@ def test_config_function_points_at_our_assets_and_sizes_for_a_laptop() -> None:
 
 
 def test_assets_are_written_once_and_completely(tmp_path: Path) -> None:
+    from tinyscale.compat.titan_config import VOCAB_SIZE, prepare_assets
+
     out = prepare_assets(tmp_path)
     lines = (out / "corpus" / "train.jsonl").read_text().splitlines()
     assert len(lines) > 10 and all(json.loads(line)["text"] for line in lines)

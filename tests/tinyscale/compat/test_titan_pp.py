@@ -16,12 +16,8 @@ from helpers import recorded_output
 
 pytest.importorskip("torchtitan", reason="torchtitan is in the cluster extra: make setup")
 
-from torchtitan.distributed.pipeline_parallel import (
-    _generate_llm_fqn_per_model_part,
-    _get_pp_rank_to_stage_indices_mapping,
-)
-
-from tinyscale.compat.titan_config import tinyscale_debug, tinyscale_pp
+# torchtitan's modules are imported in the tests that use them, not here: importing them
+# costs seconds of CPU, and every pytest worker imports this file to collect it.
 from tinyscale.model_parallel.torch_pipeline import stage_placement
 
 PAGE = "week-3/pipeline-torchtitan.md"
@@ -33,6 +29,8 @@ def recorded() -> list[str]:
 
 
 def test_config_is_the_debug_one_cut_in_two_with_four_microbatches() -> None:
+    from tinyscale.compat.titan_config import tinyscale_debug, tinyscale_pp
+
     config, base = tinyscale_pp(), tinyscale_debug()
     p = config.parallelism
     assert (p.pipeline_parallel_degree, p.pipeline_parallel_schedule) == (2, "1F1B")
@@ -47,6 +45,8 @@ def test_config_is_the_debug_one_cut_in_two_with_four_microbatches() -> None:
 @pytest.mark.parametrize("schedule", sorted(TORCH_NAMES))
 @pytest.mark.parametrize("pp", [2, 4])
 def test_our_placement_is_torchtitans(schedule: str, pp: int) -> None:
+    from torchtitan.distributed.pipeline_parallel import _get_pp_rank_to_stage_indices_mapping
+
     stages = pp * (1 if schedule == "1F1B" else 2)
     for rank in range(pp):
         theirs = _get_pp_rank_to_stage_indices_mapping(rank, pp, schedule, stages)
@@ -54,6 +54,8 @@ def test_our_placement_is_torchtitans(schedule: str, pp: int) -> None:
 
 
 def test_recorded_run_splits_as_torchtitan_weighs_the_layers() -> None:
+    from torchtitan.distributed.pipeline_parallel import _generate_llm_fqn_per_model_part
+
     lines = recorded()
     built = [re.search(r"rank (\d): PP rank (\d) is building stage_idx (\d) with modules (\[.*\])", x)
              for x in lines]  # fmt: skip
