@@ -7,6 +7,7 @@ the SLURM cluster a failed page left running. Fixtures are in tests/conftest.py.
 
 import os
 import platform
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,15 @@ from pytest_codeblocks.plugin import TestBlock
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "tests"))  # tests/helpers.py, shared with the tests
+# Python processes collect cyclic garbage less often (tests/startup/sitecustomize.py):
+# `make test` puts the folder on PYTHONPATH; a bare pytest does it here, for itself and
+# for every process it starts.
+STARTUP = ROOT / "tests" / "startup"
+if str(STARTUP) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(STARTUP), os.environ.get("PYTHONPATH")])
+    )
+    runpy.run_path(str(STARTUP / "sitecustomize.py"))
 from helpers import SLURM_COMMANDS, masked  # noqa: E402
 
 # Session C's page starts the course's SLURM cluster (make cluster-up, state in build/slurm)

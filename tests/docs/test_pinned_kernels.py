@@ -1,4 +1,5 @@
-"""The pages' numbers are pinned to one kernel choice on x86 (see the Makefile).
+"""The test run's environment: the pages' numbers are pinned to one kernel choice on x86
+(see the Makefile), and every process collects full garbage rarely (tests/startup).
 
 Run:  pytest tests/docs/test_pinned_kernels.py
 """
@@ -58,3 +59,15 @@ def test_the_pin_changes_nothing_on_an_avx2_machine() -> None:
     if capability != "AVX2":
         pytest.skip(f"this CPU's own kernels are {capability}: nothing to compare with")
     assert run(unpinned) == run(dict(os.environ))
+
+
+def test_every_process_a_test_starts_collects_full_garbage_rarely() -> None:
+    """tests/startup/sitecustomize.py runs in the processes a test starts (PYTHONPATH)."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import gc; print(*gc.get_threshold())"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
+    assert [int(x) for x in out] == [700, 10, 1000]
