@@ -92,6 +92,13 @@ TEST_WORKERS ?= 3
 # run alone a little and saves the suite most of its time (OMP_WAIT_POLICY only changes
 # how threads wait, not how work is split, so every number stays the same).
 test: export OMP_WAIT_POLICY := PASSIVE
+# One OpenMP thread per process, as torchrun gives each of several ranks. A reduction
+# split over T threads sums in an order that depends on T, so a run's last digits depend
+# on the core count; with one thread they are the same on every machine, and the recorded
+# outputs (`make figures`) match a test's fresh run. It also spends less CPU on tiny
+# tensors: the Lab 1, large-batch and Session A pages with their tests took 287 s of CPU
+# instead of 324 s.
+test figures: export OMP_NUM_THREADS := 1
 # Every Python process of the run collects cyclic garbage less often during start-up
 # (tests/startup/sitecustomize.py says why: about a second of CPU per torch import).
 test: export PYTHONPATH := $(CURDIR)/tests/startup$(if $(PYTHONPATH),:$(PYTHONPATH))

@@ -20,6 +20,9 @@ if platform.machine() == "x86_64":
     os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 # Threads that sleep while they wait: the suite runs several processes per core (Makefile).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# One thread per process, as the recorded outputs were made (Makefile: the last digits of
+# a loss depend on the thread count).
+os.environ["OMP_NUM_THREADS"] = "1"
 
 import pytest
 from pytest_codeblocks.plugin import TestBlock

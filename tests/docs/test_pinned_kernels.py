@@ -1,5 +1,6 @@
 """The test run's environment: the pages' numbers are pinned to one kernel choice on x86
-(see the Makefile), and every process collects full garbage rarely (tests/startup).
+and one thread per process (see the Makefile), and every process collects full garbage
+rarely (tests/startup).
 
 Run:  pytest tests/docs/test_pinned_kernels.py
 """
@@ -29,11 +30,14 @@ def child(code: str, env: dict[str, str] | None = None) -> str:
     ).stdout
 
 
-@x86_only
-def test_every_process_a_test_starts_gets_the_pinned_kernels() -> None:
+def test_every_process_a_test_starts_gets_one_thread_and_the_pinned_kernels() -> None:
+    assert os.environ.get("OMP_NUM_THREADS") == "1", "set OMP_NUM_THREADS=1 as the Makefile does"
+    threads, chosen = child(f"{CAPABILITY}; print(torch.get_num_threads())").split()[-2:][::-1]
+    assert threads == "1", f"a child process computes with {threads} threads"
+    if platform.machine() != "x86_64":
+        return
     for name, value in PINNED.items():
         assert os.environ.get(name) == value, f"{name} is not {value}: set it as the Makefile does"
-    chosen = child(CAPABILITY).split()[-1]
     # A CPU without AVX2 falls back to DEFAULT; with AVX2 or more it must be AVX2.
     assert chosen in {"AVX2", "DEFAULT"}, f"torch chose {chosen} kernels"
 
@@ -42,14 +46,14 @@ def test_every_process_a_test_starts_gets_the_pinned_kernels() -> None:
 def test_the_pin_changes_nothing_on_an_avx2_machine() -> None:
     """The recorded numbers were made unpinned on an AVX2 machine: pinned must equal them."""
     code = (
-        "import torch; torch.manual_seed(0); a = torch.randn(257, 513); b = torch.randn(513, 129);"
+        f"{CAPABILITY}; torch.manual_seed(0); a = torch.randn(257, 513); b = torch.randn(513, 129);"
         "print(repr((a @ b).sum().item()), repr(torch.nn.functional.softmax(a, -1).sum(0)[:4].tolist()))"
     )
     unpinned = {k: v for k, v in os.environ.items() if k not in PINNED}
-    capability = child(CAPABILITY, unpinned).split()[-1]
+    capability, *numbers = child(code, unpinned).splitlines()
     if capability != "AVX2":
         pytest.skip(f"this CPU's own kernels are {capability}: nothing to compare with")
-    assert child(code, unpinned) == child(code, dict(os.environ))
+    assert child(code, dict(os.environ)).splitlines() == ["AVX2", *numbers]
 
 
 def test_every_process_a_test_starts_collects_full_garbage_rarely() -> None:
