@@ -19,6 +19,7 @@ from tinyscale.core.data import (
     TokenBlocks,
     build_datasets,
     download_corpus,
+    encode_corpus,
     load_corpus,
     stdlib_corpus_paths,
     train_tokenizer,
@@ -161,6 +162,31 @@ def test_build_datasets_heldout_fraction(cache: Path, tmp_path: Path, documents:
     lm = build_datasets(corpus=str(path), vocab_size=300, block_size=8, heldout_fraction=0.25)
     total = len(lm.train.tokens) + len(lm.heldout.tokens)
     assert abs(len(lm.heldout.tokens) / total - 0.25) < 0.01
+
+
+def test_the_encoded_corpus_is_cached_and_keyed_by_text_and_tokenizer(
+    cache: Path, documents: list[str]
+) -> None:
+    tokenizer = train_tokenizer(documents, 300)
+    eot = tokenizer.token_to_id(EOT)
+    expected = [i for e in tokenizer.encode_batch(documents) for i in [*e.ids, eot]]
+    first = encode_corpus(tokenizer, documents)
+    (ids,) = (cache / "tokens").iterdir()
+    mtime = ids.stat().st_mtime_ns
+    again = encode_corpus(tokenizer, documents)
+    assert first.dtype == again.dtype == torch.long
+    assert first.tolist() == again.tolist() == expected
+    assert ids.stat().st_mtime_ns == mtime  # read back, not encoded and written again
+    # another text or another tokenizer is another entry, never the stale one
+    assert encode_corpus(tokenizer, documents[:1]).tolist() == [
+        *tokenizer.encode(documents[0]).ids,
+        eot,
+    ]
+    other = train_tokenizer(documents, 280)
+    assert encode_corpus(other, documents).tolist() == [
+        i for e in other.encode_batch(documents) for i in [*e.ids, other.token_to_id(EOT)]
+    ]
+    assert len(list((cache / "tokens").iterdir())) == 3
 
 
 @pytest.fixture
