@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import masked, recorded_output
+from helpers import ROOT, masked, recorded_output
 
 PAGE = """# A page
 
@@ -84,3 +84,36 @@ def test_the_storage_report_masks_its_times_and_keeps_its_counts() -> None:
     assert masked(slower) == masked(line)
     assert masked(line.replace("65536 KiB", "32768 KiB")) != masked(line)
     assert masked(line.replace("1 file(s)", "2 file(s)")) != masked(line)
+
+
+def attached_outputs(page: Path) -> tuple[int, int]:
+    """(expected-output markers on the page, blocks that run and carry one)."""
+    from pytest_codeblocks import extract_from_file
+
+    blocks = extract_from_file(page)
+    attached = [b for b in blocks if b.expected_output is not None and b.syntax in RUNS]
+    return page.read_text().count(MARKER), len(attached)
+
+
+MARKER = "<!--pytest-codeblocks:expected-output-->"
+RUNS = ("python", "bash", "sh")
+
+
+@pytest.mark.parametrize(
+    "page", sorted(p.relative_to(ROOT / "docs").as_posix() for p in (ROOT / "docs").rglob("*.md"))
+)
+def test_every_expected_output_belongs_to_a_block_that_runs(page: str) -> None:
+    """A marker separated from its block (say, by an admonition) is compared with nothing."""
+    markers, attached = attached_outputs(ROOT / "docs" / page)
+    assert markers == attached, f"{markers - attached} expected output(s) follow no block that runs"
+
+
+def test_self_check_a_detached_output_is_found(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    block, output = "```bash\necho hi\n```\n\n", f"{MARKER}\n```\nhi\n```\n"
+    page.write_text(block + output)
+    assert attached_outputs(page) == (1, 1)
+    page.write_text(
+        block + '??? note "between"\n    ```python title="x.py"\n    x = 1\n    ```\n\n' + output
+    )
+    assert attached_outputs(page) == (1, 0)
