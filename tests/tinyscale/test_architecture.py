@@ -1,9 +1,10 @@
 """The package's architecture (ARCHITECTURE.md): topic folders, the import rule, the chapter maps.
 
 - Every module sits in a topic folder; nothing but __init__.py at the package's top.
-- Imports flow one way: core <- comm <- data_parallel, model_parallel <- compat; ops may
-  import any of them and nothing imports ops. Read from every module's `import` statements
-  with `ast` (function-level imports count too).
+- Imports flow one way: core <- comm <- data_parallel, model_parallel <- compat, and
+  core <- low_precision <- compat; ops may import any of them and nothing imports ops.
+  Read from every module's `import` statements with `ast` (function-level imports count
+  too).
 - Each folder's __init__.py re-exports nothing, and its docstring is its chapter map: every
   module of the folder listed once, with the pages that show it; a listed page exists and
   includes that module, and every page that includes the module is listed.
@@ -27,8 +28,9 @@ ALLOWED: dict[str, set[str]] = {
     "comm": {"core"},
     "data_parallel": {"core", "comm"},
     "model_parallel": {"core", "comm"},
-    "compat": {"core", "comm", "data_parallel", "model_parallel"},
-    "ops": {"core", "comm", "data_parallel", "model_parallel", "compat"},
+    "low_precision": {"core"},
+    "compat": {"core", "comm", "data_parallel", "model_parallel", "low_precision"},
+    "ops": {"core", "comm", "data_parallel", "model_parallel", "low_precision", "compat"},
 }
 MAP_ROW = re.compile(r"^    (?P<module>[a-z_0-9]+) +(?P<pages>\S+\.md(?:, \S+\.md)*)$")
 

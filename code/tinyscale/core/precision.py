@@ -18,6 +18,8 @@ from tinyscale.core.errors import UsageError
 #   fp32  everything in float32
 #   bf16  mixed precision: matmuls in bfloat16, fp32 master weights and optimizer state
 #   fp16  the same with float16, which also needs a loss scaler (and a GPU)
+#   fp8-<recipe>  (Week 3, tinyscale.low_precision) the linear layers' matmuls in float8,
+#         e4m3 forward and e5m2 for gradients, scaled tensorwise, rowwise or delayed
 PRECISIONS = ("fp32", "bf16", "fp16")
 # The same choice in the libraries' own words, so that no name means two things:
 ACCELERATE_NAMES = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}  # Accelerator(mixed_precision=)

@@ -1,0 +1,119 @@
+# --8<-- [start:header]
+"""Train the course model in fp32, bf16 and fp8 (three scalings, and none) on the same data.
+
+Launch:  python -m tinyscale.low_precision.compare --steps 60
+
+Same seed, same initial weights, same batches, same optimizer (fp32 master weights and
+AdamW state in every run): only the arithmetic of the matmuls differs. bf16 runs the
+forward pass under autocast; fp8 swaps every linear layer but the output one for a
+Float8Linear. The table gives the held-out loss at the end and the matmul error of one
+layer's output against fp32 on the same inputs.
+"""
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import torch
+
+from tinyscale.core.config import ModelConfig
+from tinyscale.core.data import LMData, build_datasets, epoch_batches, get_batch
+from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
+from tinyscale.core.model import TinyTransformer
+from tinyscale.core.precision import autocast_context
+from tinyscale.core.training import TrainConfig, evaluate, lr_at, make_optimizer, seed_everything
+from tinyscale.low_precision.float8_linear import RECIPES, convert_to_float8
+
+# fp32 and bf16 in the course's words; fp8-<recipe> for each Float8Linear recipe
+VARIANTS = ("fp32", "bf16", *(f"fp8-{recipe}" for recipe in RECIPES))
+CPU = torch.device("cpu")
+
+# --8<-- [end:header]
+
+
+# --8<-- [start:train]
+@dataclasses.dataclass(frozen=True)
+class Result:
+    variant: str
+    curve: list[tuple[int, float]]  # (step, held-out loss)
+    seconds_per_step: float  # CPU time, its share of the held-out evaluations included
+
+
+def check_variant(variant: str) -> str:
+    if variant not in VARIANTS:
+        raise UsageError(f"unknown variant {variant!r}: use one of {', '.join(VARIANTS)}")
+    return variant
+
+
+def build(variant: str, data: LMData, seed: int) -> TinyTransformer:
+    """The course model, seeded, with its linear layers swapped for fp8 ones if asked."""
+    check_variant(variant)
+    seed_everything(seed)
+    model = TinyTransformer(ModelConfig(max_position_embeddings=data.train.block_size))
+    if variant.startswith("fp8-"):
+        convert_to_float8(model, recipe=variant.removeprefix("fp8-"))
+    return model
+
+
+def train_variant(
+    variant: str, data: LMData, *, steps: int, eval_every: int, seed: int = 0,
+    max_steps: int | None = None,
+) -> Result:  # fmt: skip
+    """Lab 1's loop (AdamW, warmup and cosine, clipping): a schedule of ``steps`` steps of
+    16 blocks, stopped after ``max_steps`` if given (as if interrupted)."""
+    model = build(variant, data, seed)
+    cfg = TrainConfig(lr=3e-3, warmup_steps=max(1, steps // 10), seed=seed)
+    optimizer = make_optimizer(model, cfg)
+    schedule = epoch_batches(len(data.train), cfg.global_batch_size, seed=seed, epoch=0)
+    if steps > len(schedule):
+        raise UsageError(f"--steps {steps}: one epoch holds {len(schedule)} steps; use fewer")
+    batches = schedule[:steps][:max_steps]
+    precision = "bf16" if variant == "bf16" else "fp32"  # fp8 lives inside the layers
+    curve = [(0, evaluate(model, data.heldout, batch_size=64, device=CPU)["loss"])]
+    start = time.process_time()
+    for step, indices in enumerate(batches, start=1):
+        model.train()
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step - 1, cfg, steps)
+        with autocast_context(CPU, precision):
+            _, loss = model(*get_batch(data.train, indices, CPU))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        if step % eval_every == 0 or step == len(batches):
+            with autocast_context(CPU, precision):
+                curve.append(
+                    (step, evaluate(model, data.heldout, batch_size=64, device=CPU)["loss"])
+                )
+    seconds = (time.process_time() - start) / len(batches)
+    return Result(variant=variant, curve=curve, seconds_per_step=seconds)
+
+
+# --8<-- [end:train]
+
+
+# --8<-- [start:main]
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--eval-every", type=int, default=20)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), metavar="VARIANT",
+                        help=f"any of {', '.join(VARIANTS)}")  # fmt: skip
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.eval_every < 1:
+        raise UsageError("need --steps >= 1 and --eval-every >= 1")
+    for variant in args.variants:
+        check_variant(variant)  # before the first run, not after five
+    torch.set_num_threads(1)  # the same arithmetic on every machine
+    data = build_datasets(vocab_size=1024, block_size=64)
+    print(f"{'variant':<16} {'held-out loss':>14} {'after':>6}")
+    for variant in args.variants:
+        result = train_variant(variant, data, steps=args.steps, eval_every=args.eval_every)
+        print(f"{variant:<16} {result.curve[-1][1]:>14.3f} {result.curve[-1][0]:>6}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))
+# --8<-- [end:main]
