@@ -18,7 +18,10 @@ from collections.abc import Sequence
 
 import torch
 
+from tinyscale.core.config import ModelConfig
+from tinyscale.core.data import build_datasets, get_batch
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
+from tinyscale.core.model import TinyTransformer
 
 # --8<-- [end:header]
 
@@ -34,10 +37,6 @@ FORMATS: dict[str, torch.dtype] = {
     "e4m3fnuz": torch.float8_e4m3fnuz,
     "e5m2fnuz": torch.float8_e5m2fnuz,
 }
-LAYOUT = {  # (exponent bits, mantissa bits); the sign takes the last bit
-    "fp32": (8, 23), "bf16": (8, 7), "fp16": (5, 10),
-    "e4m3": (4, 3), "e5m2": (5, 2), "e4m3fnuz": (4, 3), "e5m2fnuz": (5, 2),
-}  # fmt: skip
 
 
 def dtype_of(name: str) -> torch.dtype:
@@ -66,20 +65,31 @@ class FormatFacts:
 
 
 def measure(name: str) -> FormatFacts:
-    """The format's facts, measured by casting values to it (``torch.finfo`` gives the same,
-    except that it reports eps 0.125 for e5m2fnuz, whose step above 1 is 0.25)."""
+    """The format's facts, found by casting values to it and back. Only the bit count and
+    the max come from ``torch.finfo`` (the max checked by a cast): finfo is not always right,
+    it reports eps 0.125 for e5m2fnuz, whose step above 1 is 0.25."""
     info = torch.finfo(dtype_of(name))
-    exponent, mantissa = LAYOUT[name]
-    step = 2.0**-mantissa
-    assert roundtrip(torch.tensor(1 + step), name).item() == 1 + step  # one mantissa step
-    subnormal = info.smallest_normal * step  # the smallest normal, shifted by every mantissa bit
-    assert roundtrip(torch.tensor(subnormal), name).item() == subnormal
-    assert roundtrip(torch.tensor(subnormal / 4), name).item() == 0
+
+    def kept(value: float) -> bool:
+        return roundtrip(torch.tensor(value), name).item() == value
+
+    eps = 1.0
+    while kept(1 + eps / 2):  # the smallest step above 1 that survives
+        eps /= 2
+    normal = 1.0
+    while kept(normal / 2 * (1 + eps)):  # below the smallest normal, that step is lost
+        normal /= 2
+    subnormal = normal
+    while subnormal / 2 > 0 and kept(subnormal / 2):  # then bits go one by one, to zero
+        subnormal /= 2
+    if not kept(info.max):
+        raise RuntimeError(f"{name}: torch.finfo's max, {info.max}, does not survive a cast")
     past = roundtrip(torch.tensor(info.max * 4), name).item()
     overflow = "max" if past == info.max else "inf" if math.isinf(past) else "nan"
-    return FormatFacts(name=name, bits=info.bits, exponent_bits=exponent,
-                       mantissa_bits=mantissa, max=info.max, smallest_normal=info.smallest_normal,
-                       smallest_subnormal=subnormal, eps=step, on_overflow=overflow)  # fmt: skip
+    mantissa = round(-math.log2(eps))
+    return FormatFacts(name=name, bits=info.bits, exponent_bits=info.bits - 1 - mantissa,
+                       mantissa_bits=mantissa, max=info.max, smallest_normal=normal,
+                       smallest_subnormal=subnormal, eps=eps, on_overflow=overflow)  # fmt: skip
 
 
 # --8<-- [end:formats]
@@ -117,10 +127,6 @@ def one_step_tensors(seed: int = 0) -> dict[str, torch.Tensor]:
     """What a training step of the course model holds, after one real forward and backward
     pass on 16 blocks of the corpus: all weights, all weight gradients, and the gradients
     flowing out of the linear layers (what an fp8 backward pass would cast to e5m2)."""
-    from tinyscale.core.config import ModelConfig
-    from tinyscale.core.data import build_datasets, get_batch
-    from tinyscale.core.model import TinyTransformer
-
     torch.manual_seed(seed)
     data = build_datasets(vocab_size=1024, block_size=64)
     model = TinyTransformer(ModelConfig())
