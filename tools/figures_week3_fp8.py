@@ -30,9 +30,9 @@ OUT = ROOT / "docs" / "generated" / "week3"
 STEPS, EVAL_EVERY = 200, 20
 
 
-def table(curves: dict[str, list[list[float]]], fp32: str = "fp32") -> str:
+def table(curves: dict[str, list[list[float]]]) -> str:
     """Markdown: each variant's final held-out loss, and its gap to fp32."""
-    base = curves[fp32][-1][1]
+    base = curves["fp32"][-1][1]
     rows = [
         "| variant | held-out loss, step 0 | held-out loss, end | vs fp32 |",
         "|---|---:|---:|---:|",

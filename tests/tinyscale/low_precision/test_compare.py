@@ -11,7 +11,9 @@ def test_an_unknown_variant_is_refused_before_anything_runs(capsys) -> None:
     assert capsys.readouterr().out == ""  # refused before the first run, not after it
 
 
-def test_more_steps_than_one_epoch_is_one_line() -> None:
+def test_steps_outside_one_epoch_are_one_line_before_any_output(capsys) -> None:
     message = one_line_error(main, ["--steps", "500", "--variants", "fp32"])
-    assert message == "--steps 500: one epoch holds 207 steps; use fewer"
-    assert "need --steps >= 1" in one_line_error(main, ["--steps", "0"])
+    assert message == "--steps 500: one epoch holds 207 steps; use 1 to 207"
+    assert one_line_error(main, ["--steps", "0"]).startswith("--steps 0: one epoch holds")
+    assert one_line_error(main, ["--eval-every", "0"]) == "--eval-every 0: use 1 or more"
+    assert capsys.readouterr().out == ""
