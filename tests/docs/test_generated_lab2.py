@@ -79,7 +79,7 @@ def test_world_size_1_rerun_matches_the_recorded_loss(
     world_sizes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The cheapest recorded run, again: one process, in this process (about 5 s)."""
-    env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1"}
+    env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
     for key, value in {**env, "MASTER_PORT": str(free_port())}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("LOCAL_RANK", raising=False)

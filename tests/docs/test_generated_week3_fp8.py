@@ -31,12 +31,10 @@ def test_the_table_is_the_json(tool) -> None:
 
 @pytest.mark.parametrize("variant", ["fp32", "fp8-tensorwise"])
 def test_a_fresh_run_reproduces_the_first_evaluation(tool, variant: str) -> None:
-    import torch
 
     from tinyscale.core.data import build_datasets
     from tinyscale.low_precision.compare import train_variant
 
-    torch.set_num_threads(1)
     data = build_datasets(vocab_size=1024, block_size=64)
     every = CURVES["eval_every"]
     fresh = train_variant(variant, data, steps=CURVES["steps"], eval_every=every, max_steps=every)

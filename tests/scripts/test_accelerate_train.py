@@ -98,7 +98,7 @@ def launched(tmp_path_factory: pytest.TempPathFactory, no_dropout: Path) -> dict
         str(out / "logs"),
         "--no-progress",
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(
         cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False
     )
@@ -358,7 +358,6 @@ def test_bad_input_through_the_real_cli(tmp_path: Path) -> None:
         text=True,
         timeout=120,
         check=False,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert proc.returncode == 2
     assert proc.stderr == (

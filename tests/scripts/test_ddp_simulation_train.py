@@ -56,7 +56,7 @@ def torchrun(
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+        env={**os.environ, **env},
     )
     return done, time.monotonic() - t0
 

@@ -67,7 +67,7 @@ def torchrun(out: Path, config: str, *args: str) -> subprocess.CompletedProcess:
         str(out / "logs"),
         *args,
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TORCH_EXTENSIONS_DIR": str(out / "ext")}
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(out / "ext")}
     proc = subprocess.run(
         cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False
     )

@@ -50,7 +50,6 @@ def launch(tmp: Path, *args: str, script_args: tuple[str, ...] = ("--max-steps",
     t0 = time.monotonic()
     done = subprocess.run(
         cmd, cwd=ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     return done, time.monotonic() - t0
 

@@ -10,7 +10,6 @@
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable
@@ -306,7 +305,6 @@ def test_bad_input_through_a_real_process(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
         check=False,
     )
     assert proc.returncode == 2, proc.stderr

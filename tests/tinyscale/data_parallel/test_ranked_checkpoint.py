@@ -55,17 +55,12 @@ def test_ranked_file_holds_this_ranks_state(ranked: dict[str, Any]) -> None:
     """Core's training state (no train config) plus the sampler; weights equal a single-process
     replica of the same step; RNG and sampler are per rank."""
     directory = rc.step_dir(ranked["dir"], 10)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the workers: other thread counts sum in another order
-    try:
-        torch.manual_seed(0)
-        model = TinyTransformer(preset("micro"))
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        x = torch.arange(16).view(2, 8)
-        model(x, x)[1].backward()
-        optimizer.step()
-    finally:
-        torch.set_num_threads(threads)
+    torch.manual_seed(0)  # one thread, as the workers (the test run's setting, conftest.py)
+    model = TinyTransformer(preset("micro"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.arange(16).view(2, 8)
+    model(x, x)[1].backward()
+    optimizer.step()
     states = [rc.load_ranked(directory, rank=r, world_size=2) for r in (0, 1)]
     for rank, state in enumerate(states):
         assert (state["rank"], state["world_size"], state["step"]) == (rank, 2, 10)

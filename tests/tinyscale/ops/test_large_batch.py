@@ -76,7 +76,6 @@ def test_bigger_batches_have_smaller_gradient_noise(data) -> None:
 
 
 def test_a_recipe_trains_on_exactly_its_samples(data) -> None:
-    torch.set_num_threads(1)
     r = train_recipe(Recipe(name="t", batch_size=8, lr=3e-3, warmup_fraction=0.2), data, samples=48)
     assert r["steps"] == 6
     assert r["heldout_loss"] < math.log(1024)  # 6 steps already beat the uniform guess

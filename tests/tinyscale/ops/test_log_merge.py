@@ -5,7 +5,6 @@ files for the edge cases: a missing rank, an empty file, a line that is not a lo
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -109,7 +108,6 @@ def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ]  # fmt: skip
     done = subprocess.run(
         cmd, cwd=ROOT, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     return out
