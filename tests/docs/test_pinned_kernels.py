@@ -32,7 +32,7 @@ def child(code: str, env: dict[str, str] | None = None) -> str:
 
 def test_every_process_a_test_starts_gets_one_thread_and_the_pinned_kernels() -> None:
     assert os.environ.get("OMP_NUM_THREADS") == "1", "set OMP_NUM_THREADS=1 as the Makefile does"
-    threads, chosen = child(f"{CAPABILITY}; print(torch.get_num_threads())").split()[-2:][::-1]
+    chosen, threads = child(f"{CAPABILITY}; print(torch.get_num_threads())").split()[-2:]
     assert threads == "1", f"a child process computes with {threads} threads"
     if platform.machine() != "x86_64":
         return

@@ -86,6 +86,10 @@ def test_the_storage_report_masks_its_times_and_keeps_its_counts() -> None:
     assert masked(line.replace("1 file(s)", "2 file(s)")) != masked(line)
 
 
+MARKER = "<!--pytest-codeblocks:expected-output-->"
+RUNS = ("python", "bash", "sh")
+
+
 def attached_outputs(page: Path) -> tuple[int, int]:
     """(expected-output markers on the page, blocks that run and carry one)."""
     from pytest_codeblocks import extract_from_file
@@ -93,10 +97,6 @@ def attached_outputs(page: Path) -> tuple[int, int]:
     blocks = extract_from_file(page)
     attached = [b for b in blocks if b.expected_output is not None and b.syntax in RUNS]
     return page.read_text().count(MARKER), len(attached)
-
-
-MARKER = "<!--pytest-codeblocks:expected-output-->"
-RUNS = ("python", "bash", "sh")
 
 
 @pytest.mark.parametrize(
