@@ -1,0 +1,190 @@
+# --8<-- [start:header]
+"""Train the course model dense and as a mixture of experts, on the same data, and compare.
+
+Launch:  python -m tinyscale.model_parallel.moe_compare --steps 60 --variants dense moe
+
+Variants: "dense" is the course model; "dense-wide" widens its FFN until it holds as many
+parameters as the MoE; "moe", "moe-bias" and "moe-none" put 8 experts (top 1, each as
+wide as the dense FFN) in every block, kept in balance by the auxiliary loss, by the
+per-expert bias, or not at all. Same seed, same batches, same optimizer. The table gives
+each variant's parameters, the FLOPs of one training step (counted by torch), the
+held-out loss at the end and how uneven the experts' load was (max / mean).
+"""
+
+import dataclasses
+import time
+from collections.abc import Sequence
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from tinyscale.core.config import ModelConfig
+from tinyscale.core.data import LMData, build_datasets, epoch_batches, get_batch
+from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
+from tinyscale.core.model import TinyTransformer
+from tinyscale.core.training import TrainConfig, evaluate, lr_at, make_optimizer, seed_everything
+from tinyscale.model_parallel.moe import convert_to_moe, moe_layers, moe_loss, parameter_counts
+from tinyscale.model_parallel.moe_routing import MoEConfig
+
+BALANCING = {"moe": "aux", "moe-bias": "bias", "moe-none": "none"}
+VARIANTS = ("dense", "dense-wide", *BALANCING)
+CPU = torch.device("cpu")
+
+# --8<-- [end:header]
+
+
+# --8<-- [start:build]
+def check_variant(variant: str) -> str:
+    if variant not in VARIANTS:
+        raise UsageError(f"unknown variant {variant!r}: use one of {', '.join(VARIANTS)}")
+    return variant
+
+
+def build(variant: str, data: LMData, moe: MoEConfig, seed: int = 0) -> TinyTransformer:
+    """The course model, seeded; its FFNs widened E/k times, or swapped for MoE layers."""
+    check_variant(variant)
+    seed_everything(seed)
+    cfg = ModelConfig(max_position_embeddings=data.train.block_size)
+    if variant == "dense-wide":  # as many FFN parameters as E experts of width 256/k
+        cfg = dataclasses.replace(cfg, intermediate_size=cfg.intermediate_size
+                                  * moe.num_experts // moe.top_k)  # fmt: skip
+    model = TinyTransformer(cfg)
+    if variant in BALANCING:
+        convert_to_moe(model, dataclasses.replace(moe, balance=BALANCING[variant]))
+    return model
+
+
+def step_flops(model: TinyTransformer, data: LMData, batch: int = 16) -> int:
+    """FLOPs of one forward and backward on ``batch`` blocks, counted by torch's FlopCounter
+    (matrix products; an MoE's expert products at the sizes its routing produced)."""
+    inputs, targets = get_batch(data.train, torch.arange(batch), CPU)
+    with FlopCounterMode(display=False) as counter:
+        _, loss = model(inputs, targets)
+        (loss + moe_loss(model)).backward()
+    model.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+# --8<-- [end:build]
+
+
+# --8<-- [start:train]
+@dataclasses.dataclass(frozen=True)
+class Result:
+    variant: str
+    curve: list[tuple[int, float]]  # (step, held-out loss)
+    imbalance: list[tuple[int, float]]  # (step, max/mean load over the steps since the last)
+    seconds_per_step: float  # CPU time, its share of the held-out evaluations included
+    model: TinyTransformer = dataclasses.field(repr=False)  # as trained
+
+
+def imbalance(model: TinyTransformer) -> float:
+    """max / mean of the tokens per expert in the last forward, averaged over the layers
+    (1.0: perfectly even; E/k: every token in the same k experts)."""
+    loads = [layer.load.float() for layer in moe_layers(model)]
+    return sum((load.max() / load.mean()).item() for load in loads) / max(1, len(loads))
+
+
+def train_variant(
+    variant: str, data: LMData, moe: MoEConfig, *, steps: int, eval_every: int,
+    seed: int = 0, max_steps: int | None = None,
+) -> Result:  # fmt: skip
+    """Lab 1's loop, plus the MoE's two extras: its losses join the task loss, and with
+    balance="bias" each router's bias moves after every step."""
+    model = build(variant, data, moe, seed)
+    cfg = TrainConfig(lr=3e-3, warmup_steps=max(1, steps // 10), seed=seed)
+    optimizer = make_optimizer(model, cfg)
+    schedule = epoch_batches(len(data.train), cfg.global_batch_size, seed=seed, epoch=0)
+    batches = schedule[:steps][:max_steps]
+    curve = [(0, evaluate(model, data.heldout, batch_size=64, device=CPU)["loss"])]
+    uneven: list[tuple[int, float]] = []
+    seen: list[float] = []
+    start = time.process_time()
+    for step, indices in enumerate(batches, start=1):
+        model.train()
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step - 1, cfg, steps)
+        _, loss = model(*get_batch(data.train, indices, CPU))
+        optimizer.zero_grad(set_to_none=True)
+        (loss + moe_loss(model)).backward()  # the task loss plus the routers' losses
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        optimizer.step()
+        for layer in moe_layers(model):
+            if layer.cfg.balance == "bias":
+                layer.router.update_bias(layer.load)  # outside autograd: no gradient
+        seen.append(imbalance(model))
+        if step % eval_every == 0 or step == len(batches):
+            curve.append((step, evaluate(model, data.heldout, batch_size=64, device=CPU)["loss"]))
+            uneven.append((step, sum(seen) / len(seen)))
+            seen.clear()
+    seconds = (time.process_time() - start) / len(batches)
+    return Result(variant, curve, uneven, seconds, model)
+
+
+# --8<-- [end:train]
+
+
+# --8<-- [start:drops]
+@torch.no_grad()
+def drop_rates(model: TinyTransformer, data: LMData, factors: Sequence[float | None]) -> dict:
+    """Share of the (token, expert) assignments dropped on 64 held-out blocks, for each
+    capacity factor (None: dropless), and the tokens each expert was sent, per layer."""
+    model.eval()
+    inputs, _ = get_batch(data.heldout, torch.arange(64), CPU)
+    layers = moe_layers(model)
+    configs = [layer.cfg for layer in layers]
+    rates, loads = {}, []
+    for factor in factors:
+        for layer, cfg in zip(layers, configs, strict=True):
+            layer.cfg = dataclasses.replace(cfg, capacity_factor=factor)  # the slots only
+        model(inputs)
+        assigned = sum(int(layer.load.sum()) for layer in layers)
+        rates[factor] = sum(layer.dropped for layer in layers) / assigned
+        if factor is None:
+            loads = [layer.load.tolist() for layer in layers]
+    for layer, cfg in zip(layers, configs, strict=True):
+        layer.cfg = cfg
+    return {"drop_rate": rates, "load": loads}
+
+
+# --8<-- [end:drops]
+
+
+# --8<-- [start:main]
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--eval-every", type=int, default=20)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), metavar="VARIANT",
+                        help=f"any of {', '.join(VARIANTS)}")  # fmt: skip
+    parser.add_argument("--experts", type=int, default=8)
+    parser.add_argument("--top-k", type=int, default=1)
+    parser.add_argument("--capacity-factor", type=float, default=None,
+                        help="slots per expert over k*T/E; leave out for dropless routing")  # fmt: skip
+    args = parser.parse_args(argv)
+    moe = MoEConfig(args.experts, args.top_k, args.capacity_factor)  # checks all three
+    for variant in args.variants:
+        check_variant(variant)  # before the first run, not after five
+    data = build_datasets(vocab_size=1024, block_size=64)
+    per_epoch = len(data.train) // TrainConfig().global_batch_size
+    if not 1 <= args.steps <= per_epoch or args.eval_every < 1:
+        raise UsageError(f"--steps {args.steps} --eval-every {args.eval_every}: "
+                         f"use 1 to {per_epoch} steps (one epoch), evaluated every 1 or more")  # fmt: skip
+    torch.set_num_threads(1)  # the same arithmetic on every machine
+    print(f"{'variant':<11} {'parameters':>10} {'per token':>10} {'MFLOP/step':>10} "
+          f"{'held-out':>8} {'max/mean':>8}")  # fmt: skip
+    for variant in args.variants:
+        total, active = parameter_counts(build(variant, data, moe))
+        flops = step_flops(build(variant, data, moe), data)
+        result = train_variant(variant, data, moe, steps=args.steps, eval_every=args.eval_every)
+        uneven = (
+            f"{result.imbalance[-1][1]:.2f}" if result.imbalance and variant in BALANCING else "-"
+        )
+        print(f"{variant:<11} {total:>10,} {active:>10,} {flops / 1e6:>10,.0f} "
+              f"{result.curve[-1][1]:>8.3f} {uneven:>8}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))
+# --8<-- [end:main]
