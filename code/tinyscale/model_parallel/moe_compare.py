@@ -155,6 +155,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--eval-every", type=int, default=20)
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="stop after this many steps of the --steps schedule")  # fmt: skip
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), metavar="VARIANT",
                         help=f"any of {', '.join(VARIANTS)}")  # fmt: skip
     parser.add_argument("--experts", type=int, default=8)
@@ -170,13 +172,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 1 <= args.steps <= per_epoch or args.eval_every < 1:
         raise UsageError(f"--steps {args.steps} --eval-every {args.eval_every}: "
                          f"use 1 to {per_epoch} steps (one epoch), evaluated every 1 or more")  # fmt: skip
+    if args.max_steps is not None and not 1 <= args.max_steps <= args.steps:
+        raise UsageError(f"--max-steps {args.max_steps}: use 1 to --steps ({args.steps})")
     torch.set_num_threads(1)  # the same arithmetic on every machine
     print(f"{'variant':<11} {'parameters':>10} {'per token':>10} {'MFLOP/step':>10} "
           f"{'held-out':>8} {'max/mean':>8}")  # fmt: skip
     for variant in args.variants:
         total, active = parameter_counts(build(variant, data, moe))
         flops = step_flops(build(variant, data, moe), data)
-        result = train_variant(variant, data, moe, steps=args.steps, eval_every=args.eval_every)
+        result = train_variant(variant, data, moe, steps=args.steps, eval_every=args.eval_every,
+                               max_steps=args.max_steps)  # fmt: skip
         uneven = (
             f"{result.imbalance[-1][1]:.2f}" if result.imbalance and variant in BALANCING else "-"
         )

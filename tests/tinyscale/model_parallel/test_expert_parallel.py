@@ -1,8 +1,8 @@
-"""tinyscale.model_parallel.expert_parallel on gloo: EP = 2 with capacity and EP = 4
-dropless against one process, and the bytes its all-to-alls are handed against the formula.
+"""tinyscale.model_parallel.expert_parallel on gloo: EP = 4, dropless and with a capacity
+that drops, against one process, and the bytes its all-to-alls are handed against the formula.
 
-One run_on_ranks launch per world size. Each rank runs ``parity`` (also shown on
-docs/week-3/moe.md with EP = 2, dropless):
+One run_on_ranks launch. Each rank runs ``parity`` twice (docs/week-3/moe.md shows it with
+EP = 2, dropless):
 
 - the rank's outputs and input gradients equal the one-process layer's on its tokens;
 - the gradients of the experts it holds equal the one-process gradients of those experts
@@ -13,7 +13,6 @@ docs/week-3/moe.md with EP = 2, dropless):
 """
 
 import pytest
-import torch
 
 from helpers import one_line_error
 from tinyscale.comm.launch import run_on_ranks
@@ -25,47 +24,50 @@ from tinyscale.model_parallel.moe_routing import MoEConfig
 ROUTER_TOLERANCE = 1e-6  # an all-reduce of 4 partial sums adds in another order (1.5e-8)
 
 
-def with_bad_split(seed: int, factor: float | None) -> dict:
-    facts = parity(seed, factor)
-    facts["bad split"] = one_line_error(
-        lambda: ExpertParallelMoE(MoE(16, 32, MoEConfig(num_experts=3)))
-    ) if torch.distributed.get_world_size() == 2 else ""  # fmt: skip
-    return facts
+def facts(seed: int) -> dict:
+    return {
+        "dropless": parity(seed, None),
+        "capacity": parity(seed, 1.0),
+        "bad split": one_line_error(
+            lambda: ExpertParallelMoE(MoE(16, 32, MoEConfig(num_experts=6)))
+        ),
+    }
 
 
-@pytest.fixture(scope="module", params=[(2, 1.0), (4, None)], ids=["ep2-capacity", "ep4-dropless"])
-def ranks(request) -> tuple[int, float | None, list[dict]]:
-    ep, factor = request.param
-    return ep, factor, run_on_ranks(with_bad_split, ep, 3, factor, deadline_s=120)
+@pytest.fixture(scope="module")
+def ranks() -> list[dict]:
+    """EP = 4 (the page shows EP = 2): one launch, both routings."""
+    return run_on_ranks(facts, 4, 3, deadline_s=120)
 
 
-def test_outputs_and_gradients_equal_one_process(ranks) -> None:
-    ep, factor, facts = ranks
-    for rank in facts:
-        assert rank["output"] == rank["input grad"] == rank["experts"] == 0.0
-        assert rank["router"] < ROUTER_TOLERANCE
-    loads = [f["load"] for f in facts]
-    assert len({tuple(load) for load in loads}) == ep  # every rank routed differently
-    assert (sum(f["dropped"] for f in facts) > 0) == (factor is not None)
+@pytest.mark.parametrize("routing", ["dropless", "capacity"])
+def test_outputs_and_gradients_equal_one_process(ranks, routing) -> None:
+    for rank in ranks:
+        found = rank[routing]
+        assert found["output"] == found["input grad"] == found["experts"] == 0.0
+        assert found["router"] < ROUTER_TOLERANCE
+    loads = [rank[routing]["load"] for rank in ranks]
+    assert len({tuple(load) for load in loads}) == 4  # every rank routed differently
+    assert (sum(rank[routing]["dropped"] for rank in ranks) > 0) == (routing == "capacity")
 
 
-def test_bytes_handed_to_the_all_to_alls_are_the_formula(ranks) -> None:
-    ep, factor, facts = ranks
-    assert all(f["all_to_alls"] == 5 for f in facts)  # counts, then 2 forward + 2 backward
-    if factor is None:  # dropless: every rank routes k*T rows
-        assert sum(f["bytes"] for f in facts) == ep * facts[0]["formula"]
-        assert len({f["bytes"] for f in facts}) > 1  # per rank it varies with the routing
-    else:  # with drops, fewer rows than the formula's k*T
-        assert sum(f["bytes"] for f in facts) < ep * facts[0]["formula"]
+@pytest.mark.parametrize("routing", ["dropless", "capacity"])
+def test_bytes_handed_to_the_all_to_alls_are_the_formula(ranks, routing) -> None:
+    found = [rank[routing] for rank in ranks]
+    assert all(f["all_to_alls"] == 5 for f in found)  # counts, then 2 forward + 2 backward
+    handed = sum(f["bytes"] for f in found)
+    if routing == "dropless":  # every rank routes k*T rows
+        assert handed == 4 * found[0]["formula"]
+        assert len({f["bytes"] for f in found}) > 1  # per rank it varies with the routing
+    else:  # the dropped rows travel nowhere: fewer than the formula's k*T
+        assert handed < 4 * found[0]["formula"]
 
 
 def test_experts_must_split_evenly_over_the_ranks(ranks) -> None:
-    ep, _, facts = ranks
-    if ep == 2:
-        assert facts[0]["bad split"] == (
-            "3 experts do not split over 2 ranks: "
-            "make num_experts a multiple of the expert-parallel size"
-        )
+    assert ranks[0]["bad split"] == (
+        "6 experts do not split over 4 ranks: "
+        "make num_experts a multiple of the expert-parallel size"
+    )
 
 
 def test_without_a_process_group_it_says_so() -> None:
