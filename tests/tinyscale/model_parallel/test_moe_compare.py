@@ -18,6 +18,7 @@ from tinyscale.model_parallel.moe_routing import MoEConfig
     (["--capacity-factor", "0"], "capacity_factor 0.0: use a positive factor"),
     (["--steps", "500"], "--steps 500 --eval-every 20: use 1 to 207 steps (one epoch)"),
     (["--eval-every", "0"], "--steps 60 --eval-every 0: use 1 to 207 steps"),
+    (["--steps", "50", "--max-steps", "60"], "--max-steps 60: use 1 to --steps (50)"),
 ])  # fmt: skip
 def test_bad_input_is_one_line_before_anything_runs(capsys, argv, message) -> None:
     assert one_line_error(main, argv).startswith(message)
