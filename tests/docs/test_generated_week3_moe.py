@@ -2,7 +2,7 @@
 
 tools/figures_week3_moe.py trained every variant for 200 steps. Here: the two tables the
 page includes are rebuilt from the JSON; the page's short run (the first 20 steps of the
-same 200-step schedule, for dense and moe, which pytest-codeblocks re-runs) must show the
+same 200-step schedule, for the MoE, which pytest-codeblocks re-runs) must show the
 recorded sizes, FLOPs, held-out losses and load at step 20; and every number the page's
 prose takes from the runs holds for the data.
 """
@@ -10,6 +10,7 @@ prose takes from the runs holds for the data.
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -20,7 +21,7 @@ DATA = json.loads((RECORDED / "moe_curves.json").read_text())
 RUNS = DATA["runs"]
 PAGE_COMMAND = next(
     line for line in (ROOT / "docs" / "week-3" / "moe.md").read_text().splitlines()
-    if "--max-steps 20 --variants dense moe" in line
+    if "--max-steps 20 --variants moe" in line
 )  # fmt: skip
 
 
@@ -35,12 +36,12 @@ def test_the_tables_are_the_json(tool) -> None:
 
 
 def test_the_pages_short_run_reproduces_the_first_evaluation() -> None:
-    """The page runs the first 20 steps of the same 200-step schedule for dense and moe;
+    """The page runs the MoE's first 20 steps of the same 200-step schedule;
     pytest-codeblocks checks its output is today's, and here it must be the JSON's."""
-    page = recorded_output("week-3/moe.md", "--max-steps 20 --variants dense moe")
+    page = recorded_output("week-3/moe.md", "--max-steps 20 --variants moe")
     assert f"--steps {DATA['steps']} --max-steps {DATA['eval_every']}" in PAGE_COMMAND
     rows = {line.split()[0]: line.split() for line in page[1:]}
-    assert sorted(rows) == ["dense", "moe"]
+    assert sorted(rows) == ["moe"]
     for variant, cells in rows.items():
         run = RUNS[variant]
         assert RUNS[variant]["curve"][1][0] == DATA["eval_every"]
@@ -81,3 +82,19 @@ def test_the_pages_balance_claims_hold_for_the_runs() -> None:
     assert (int(low), int(high)) == (round(min(at_one) * 100), round(max(at_one) * 100))
     assert all(RUNS[v]["drop_rate"]["2"] == 0 for v in ("moe", "moe-bias"))  # "2 drops none"
     assert round(RUNS["moe-none"]["drop_rate"]["1.5"], 1) == 0.2  # "a quarter ... at 1.5"
+
+
+def test_the_pages_parameter_claims_hold_for_its_demo() -> None:
+    text = prose("week-3/moe.md")
+    rows = recorded_output("week-3/moe.md", "moe import demo")
+    found = (re.search(r"([\d,]+) parameters,\s+([\d,]+) used per token", line) for line in rows)
+    counts = [[int(n.replace(",", "")) for n in match.groups()] for match in found if match]
+    (dense, _), (top1, top1_used), _ = counts
+    (ratio,) = said(text, r"Top 1 of 8 full-width experts holds (\d\.\d) times")
+    assert float(ratio) == round(top1 / dense, 1)
+    (more,) = said(text, r"a token uses\s+([\d,]+) more than the dense model")
+    assert int(more.replace(",", "")) == top1_used - dense == 2 * 64 * 8  # the routers
+    assert (
+        f"{ratio} times the\n    dense model's parameters"
+        in (ROOT / "docs/week-3/moe.md").read_text()
+    )  # and in the answer
