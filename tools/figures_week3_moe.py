@@ -80,7 +80,7 @@ def balance_table(runs: dict) -> str:
 
 
 def plot(runs: dict, path: Path) -> None:
-    fig, (by_flop, by_param, uneven) = plt.subplots(1, 3, figsize=(13, 4))
+    fig, (by_flop, by_param, uneven, histogram) = plt.subplots(1, 4, figsize=(17, 4))
     for variant in ("dense", "dense-wide", "moe"):
         run = runs[variant]
         steps, losses = zip(*run["curve"], strict=True)
@@ -93,7 +93,13 @@ def plot(runs: dict, path: Path) -> None:
         uneven.plot(*zip(*runs[variant]["imbalance"], strict=True), marker=".", label=balance)
     uneven.axhline(1.0, color="grey", linewidth=0.8)
     uneven.set(xlabel="step", ylabel="tokens per expert, max / mean", title="Balance")
-    for ax in (by_flop, by_param, uneven):
+    width = 0.8 / len(BALANCING)
+    for i, (variant, balance) in enumerate(BALANCING.items()):
+        load = runs[variant]["load"][-1]  # the last layer, trained, on 4,096 held-out tokens
+        histogram.bar([e + i * width for e in range(len(load))], load, width, label=balance)
+    histogram.axhline(sum(load) / len(load), color="grey", linewidth=0.8)
+    histogram.set(xlabel="expert", ylabel="tokens", title="Tokens per expert, last layer, end")
+    for ax in (by_flop, by_param, uneven, histogram):
         ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
