@@ -121,3 +121,35 @@ def test_bad_configs_are_one_line(kwargs, message) -> None:
     with pytest.raises(UsageError) as err:
         MoEConfig(**kwargs)
     assert str(err.value).startswith(message) and "\n" not in str(err.value)
+
+
+@pytest.mark.filterwarnings("ignore:In CPU autocast")  # torchtitan's fp32 autocast, on a CPU
+def test_our_router_chooses_and_weighs_as_torchtitans() -> None:
+    """torchtitan's TokenChoiceTopKRouter (softmax scores, gates renormalised for k > 1,
+    the bias added for the choice only) with our gate weights: the same experts, the same
+    gates, exactly."""
+    pytest.importorskip("torchtitan", reason="torchtitan is in the cluster extra: make setup")
+    from torchtitan.models.common.linear import Linear
+    from torchtitan.models.common.moe import TokenChoiceTopKRouter
+
+    torch.manual_seed(0)
+    for k in (1, 2, 3):
+        for balance in ("aux", "bias"):
+            ours = Router(32, MoEConfig(num_experts=8, top_k=k, balance=balance))
+            theirs = TokenChoiceTopKRouter(TokenChoiceTopKRouter.Config(
+                num_experts=8, gate=Linear.Config(in_features=32, out_features=8), top_k=k,
+                score_func="softmax", route_norm=k > 1,
+            ))  # fmt: skip
+            with torch.no_grad():
+                theirs.gate.weight.copy_(ours.gate.weight)
+                ours.bias.copy_(torch.randn(8) * 0.1 if balance == "bias" else 0)
+            x = torch.randn(2, 16, 32)
+            routing = ours(x.reshape(-1, 32))
+            bias = ours.bias.clone() if balance == "bias" else None
+            gates, experts, _ = (t.reshape(32, -1) for t in theirs(x, bias))
+            # torchtitan's top k is unsorted: compare each token's experts in id order
+            mine, theirs_sorted = routing.experts.sort(dim=-1), experts.sort(dim=-1)
+            assert torch.equal(mine.values, theirs_sorted.values), (k, balance)
+            assert torch.equal(
+                routing.gates.gather(-1, mine.indices), gates.gather(-1, theirs_sorted.indices)
+            ), (k, balance)
