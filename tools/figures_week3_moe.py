@@ -63,15 +63,13 @@ def compare_table(runs: dict) -> str:
 
 def balance_table(runs: dict) -> str:
     """Markdown: load max/mean at the start and end of training, and the drop rates."""
-    head = " | ".join(f"dropped, C×{factor_name(f)}" for f in FACTORS if f is not None)
+    head = " | ".join(f"dropped, C×{f:g}" if f else "dropped, dropless" for f in FACTORS)
     rows = [f"| balance | max/mean, steps 1-{EVAL_EVERY} | max/mean, end | {head} |",
-            "|---|---:|---:|" + "---:|" * (len(FACTORS) - 1)]  # fmt: skip
+            "|---|---:|---:|" + "---:|" * len(FACTORS)]  # fmt: skip
     for variant, run in runs.items():
         if variant not in BALANCING:
             continue
-        rates = " | ".join(
-            f"{run['drop_rate'][factor_name(f)]:.1%}" for f in FACTORS if f is not None
-        )
+        rates = " | ".join(f"{run['drop_rate'][factor_name(f)]:.1%}" for f in FACTORS)
         rows.append(
             f"| {BALANCING[variant]} | {run['imbalance'][0][1]:.2f} "
             f"| {run['imbalance'][-1][1]:.2f} | {rates} |"

@@ -81,6 +81,7 @@ def test_the_pages_balance_claims_hold_for_the_runs() -> None:
     at_one = [RUNS[v]["drop_rate"]["1"] for v in ("moe", "moe-bias")]
     assert (int(low), int(high)) == (round(min(at_one) * 100), round(max(at_one) * 100))
     assert all(RUNS[v]["drop_rate"]["2"] == 0 for v in ("moe", "moe-bias"))  # "2 drops none"
+    assert all(RUNS[v]["drop_rate"]["dropless"] == 0 for v in ("moe", "moe-bias", "moe-none"))
     assert round(RUNS["moe-none"]["drop_rate"]["1.5"], 1) == 0.2  # "a quarter ... at 1.5"
     share, few = said(text, r"without balancing, (\d+) % of the 4,096\s+held-out tokens go to "
                             r"three of the eight experts, and four get fewer than (\d+) each")  # fmt: skip
