@@ -88,7 +88,7 @@ class MoE(RoutedLayer):
         self.experts = Experts(cfg.num_experts, hidden_size, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        tokens = x.reshape(-1, x.shape[-1])  # (N, C): routing ignores the batch's shape
+        tokens = x.reshape(-1, x.shape[-1])  # (N, H): routing ignores the batch's shape
         routing = self.router(tokens)
         plan = dispatch(routing.experts, self.cfg.num_experts, capacity(len(tokens), self.cfg))
         out = self.experts(tokens[plan.tokens], plan.counts.unsqueeze(0))  # expert by expert
