@@ -152,6 +152,21 @@ def plan_steps(steps_per_epoch: int, cfg: TrainConfig, *, samples: int) -> StepP
 # --8<-- [end:plan]
 
 
+# --8<-- [start:one_epoch]
+def check_steps(steps: int, data: LMData) -> int:
+    """``steps`` if one epoch of 16-block batches holds them, for the Week 3 comparisons that
+    train every variant on the same fresh batches (each batch seen once)."""
+    per_epoch = len(data.train) // TrainConfig().global_batch_size
+    if not 1 <= steps <= per_epoch:
+        raise UsageError(
+            f"--steps {steps}: one epoch holds {per_epoch} steps; use 1 to {per_epoch}"
+        )
+    return steps
+
+
+# --8<-- [end:one_epoch]
+
+
 # --8<-- [start:evaluate]
 @torch.no_grad()  # no graph, no gradients: evaluation costs a forward pass only
 def evaluate(

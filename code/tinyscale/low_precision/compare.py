@@ -20,7 +20,14 @@ from tinyscale.core.data import LMData, build_datasets, epoch_batches, get_batch
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.model import TinyTransformer
 from tinyscale.core.precision import autocast_context
-from tinyscale.core.training import TrainConfig, evaluate, lr_at, make_optimizer, seed_everything
+from tinyscale.core.training import (
+    TrainConfig,
+    check_steps,
+    evaluate,
+    lr_at,
+    make_optimizer,
+    seed_everything,
+)
 from tinyscale.low_precision.float8_linear import RECIPES, convert_to_float8
 
 # fp32 and bf16 in the course's words; fp8-<recipe> for each Float8Linear recipe
@@ -42,16 +49,6 @@ def check_variant(variant: str) -> str:
     if variant not in VARIANTS:
         raise UsageError(f"unknown variant {variant!r}: use one of {', '.join(VARIANTS)}")
     return variant
-
-
-def check_steps(steps: int, data: LMData) -> int:
-    """``steps`` if one epoch of 16-block batches holds them (each run sees fresh data)."""
-    per_epoch = len(data.train) // TrainConfig().global_batch_size
-    if not 1 <= steps <= per_epoch:
-        raise UsageError(
-            f"--steps {steps}: one epoch holds {per_epoch} steps; use 1 to {per_epoch}"
-        )
-    return steps
 
 
 def build(variant: str, data: LMData, seed: int) -> TinyTransformer:

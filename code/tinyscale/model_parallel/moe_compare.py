@@ -22,7 +22,14 @@ from tinyscale.core.config import ModelConfig
 from tinyscale.core.data import LMData, build_datasets, epoch_batches, get_batch
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.model import TinyTransformer
-from tinyscale.core.training import TrainConfig, evaluate, lr_at, make_optimizer, seed_everything
+from tinyscale.core.training import (
+    TrainConfig,
+    check_steps,
+    evaluate,
+    lr_at,
+    make_optimizer,
+    seed_everything,
+)
 from tinyscale.model_parallel.moe import convert_to_moe, moe_layers, moe_loss, parameter_counts
 from tinyscale.model_parallel.moe_routing import MoEConfig
 
@@ -95,7 +102,7 @@ def train_variant(
     cfg = TrainConfig(lr=3e-3, warmup_steps=max(1, steps // 10), seed=seed)
     optimizer = make_optimizer(model, cfg)
     schedule = epoch_batches(len(data.train), cfg.global_batch_size, seed=seed, epoch=0)
-    batches = schedule[:steps][:max_steps]
+    batches = schedule[: check_steps(steps, data)][:max_steps]
     curve = [(0, evaluate(model, data.heldout, batch_size=64, device=CPU)["loss"])]
     uneven: list[tuple[int, float]] = []
     seen: list[float] = []
@@ -165,15 +172,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="slots per expert over k*T/E; leave out for dropless routing")  # fmt: skip
     args = parser.parse_args(argv)
     moe = MoEConfig(args.experts, args.top_k, args.capacity_factor)  # checks all three
+    if args.eval_every < 1:
+        raise UsageError(f"--eval-every {args.eval_every}: use 1 or more")
+    if args.max_steps is not None and not 1 <= args.max_steps <= args.steps:
+        raise UsageError(f"--max-steps {args.max_steps}: use 1 to --steps ({args.steps})")
     for variant in args.variants:
         check_variant(variant)  # before the first run, not after five
     data = build_datasets(vocab_size=1024, block_size=64)
-    per_epoch = len(data.train) // TrainConfig().global_batch_size
-    if not 1 <= args.steps <= per_epoch or args.eval_every < 1:
-        raise UsageError(f"--steps {args.steps} --eval-every {args.eval_every}: "
-                         f"use 1 to {per_epoch} steps (one epoch), evaluated every 1 or more")  # fmt: skip
-    if args.max_steps is not None and not 1 <= args.max_steps <= args.steps:
-        raise UsageError(f"--max-steps {args.max_steps}: use 1 to --steps ({args.steps})")
+    check_steps(args.steps, data)
     torch.set_num_threads(1)  # the same arithmetic on every machine
     print(f"{'variant':<11} {'parameters':>10} {'per token':>10} {'MFLOP/step':>10} "
           f"{'held-out':>8} {'max/mean':>8}")  # fmt: skip

@@ -16,8 +16,8 @@ from tinyscale.model_parallel.moe_routing import MoEConfig
     (["--variants", "moe", "sparse"], "unknown variant 'sparse': use one of dense, dense-wide, moe"),
     (["--top-k", "9"], "top_k 9 with 8 experts: route each token to 1 to 8 experts"),
     (["--capacity-factor", "0"], "capacity_factor 0.0: use a positive factor"),
-    (["--steps", "500"], "--steps 500 --eval-every 20: use 1 to 207 steps (one epoch)"),
-    (["--eval-every", "0"], "--steps 60 --eval-every 0: use 1 to 207 steps"),
+    (["--steps", "500"], "--steps 500: one epoch holds 207 steps; use 1 to 207"),
+    (["--eval-every", "0"], "--eval-every 0: use 1 or more"),
     (["--steps", "50", "--max-steps", "60"], "--max-steps 60: use 1 to --steps (50)"),
 ])  # fmt: skip
 def test_bad_input_is_one_line_before_anything_runs(capsys, argv, message) -> None:
