@@ -109,12 +109,13 @@ def main() -> int:
     moe = MoEConfig()
     runs = {}
     for variant in VARIANTS:
-        total, active = parameter_counts(build(variant, data, moe))
+        fresh = build(variant, data, moe)  # sizes and FLOPs, before training
+        total, active = parameter_counts(fresh)
         result = train_variant(variant, data, moe, steps=STEPS, eval_every=EVAL_EVERY)
         run = {
             "parameters": total,
             "active": active,
-            "flops": step_flops(build(variant, data, moe), data),
+            "flops": step_flops(fresh, data),
             "curve": [list(p) for p in result.curve],
             "cpu_seconds_per_step": round(result.seconds_per_step, 4),
         }

@@ -184,8 +184,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{'variant':<11} {'parameters':>10} {'per token':>10} {'MFLOP/step':>10} "
           f"{'held-out':>8} {'max/mean':>8}")  # fmt: skip
     for variant in args.variants:
-        total, active = parameter_counts(build(variant, data, moe))
-        flops = step_flops(build(variant, data, moe), data)
+        fresh = build(variant, data, moe)  # sizes and FLOPs, before training
+        total, active = parameter_counts(fresh)
+        flops = step_flops(fresh, data)
         result = train_variant(variant, data, moe, steps=args.steps, eval_every=args.eval_every,
                                max_steps=args.max_steps)  # fmt: skip
         uneven = (
