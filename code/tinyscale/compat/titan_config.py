@@ -16,7 +16,11 @@ import json
 import os
 from pathlib import Path
 
+from torchtitan.components.quantization.float8 import Float8LinearConverter
+from torchtitan.models.deepseek_v3.config_registry import deepseek_v3_debugmodel
+from torchtitan.models.llama3 import model_registry as llama3_registry
 from torchtitan.models.llama3.config_registry import llama3_debugmodel
+from torchtitan.tools.utils import has_cuda_capability
 from torchtitan.trainer import Trainer
 
 from tinyscale.compat.titan_compat import needs_patches
@@ -103,3 +107,57 @@ def tinyscale_pp() -> Trainer.Config:
 
 
 # --8<-- [end:pp]
+
+
+# --8<-- [start:moe]
+def tinyscale_moe() -> Trainer.Config:
+    """torchtitan's DeepSeek-V3 debug model on our data, with expert parallel 2 x FSDP 2.
+
+        torchrun --nproc-per-node 4 code/scripts/torchtitan_train.py \\
+            --module tinyscale.compat.titan_config --config tinyscale_moe
+
+    The debug model's first 3 blocks (1 dense, 2 MoE of 8 experts, top 3, one shared
+    expert), sized for four CPU processes. On 4 ranks the experts are split over EP 2 and
+    each half sharded over the other 2 ranks (efsdp); every other weight over all 4.
+    """
+    laptop, config = tinyscale_debug(), deepseek_v3_debugmodel()
+    for part in ("hf_assets_path", "dataloader", "training", "lr_scheduler", "metrics", "debug"):
+        setattr(config, part, getattr(laptop, part))  # our tokenizer, corpus, sizes and seed
+    config.model_spec.model.layers = config.model_spec.model.layers[:3]
+    config.training.steps = 3
+    config.parallelism.data_parallel_shard_degree = -1  # FSDP over every rank...
+    config.parallelism.expert_parallel_degree = 2  # ...and the experts split in 2 first
+    config.parallelism.spmd_backend = "partial_dtensor"  # its all-to-alls work on gloo
+    config.training.disable_cuda_graphs = True  # the dispatcher reads the counts on the host
+    config.activation_checkpoint = None
+    config.validator.enable = False
+    config.checkpoint.enable = False
+    config.dump_folder = "runs/torchtitan/moe"
+    return config
+
+
+# --8<-- [end:moe]
+
+
+# --8<-- [start:float8]
+def tinyscale_float8() -> Trainer.Config:
+    """tinyscale_debug with every linear layer in float8, emulated: FSDP 2 on a CPU.
+
+        torchrun --nproc-per-node 2 code/scripts/torchtitan_train.py \\
+            --module tinyscale.compat.titan_config --config tinyscale_float8
+
+    torchtitan's Float8LinearConverter swaps Linear for torchao's Float8Linear before the
+    model is built. Without an H100 (or MI300) it refuses unless `emulate` is set, and
+    emulation replaces the recipe with torchao's default: tensorwise scales.
+    """
+    config = tinyscale_debug()
+    fp8 = Float8LinearConverter.Config(
+        emulate=not has_cuda_capability(8, 9), model_compile_enabled=False
+    )
+    config.model_spec = llama3_registry("debugmodel", converters=[fp8])
+    config.checkpoint.enable = False
+    config.dump_folder = "runs/torchtitan/float8"
+    return config
+
+
+# --8<-- [end:float8]
