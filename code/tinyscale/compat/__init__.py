@@ -11,5 +11,6 @@ tinyscale.data_parallel and tinyscale.model_parallel; those never import them.
     zero_vs_deepspeed   week-2/deepspeed-zero.md
     titan_compat        week-2/torchtitan.md
     titan_config        week-2/torchtitan.md, week-3/pipeline-torchtitan.md
+    titan_config        week-3/fp8.md, week-3/moe.md
 """
 # --8<-- [end:map]
