@@ -99,8 +99,9 @@ test: export OMP_WAIT_POLICY := PASSIVE
 # tensors: the Lab 1, large-batch and Session A pages with their tests took 287 s of CPU
 # instead of 324 s.
 test figures: export OMP_NUM_THREADS := 1
-# Every Python process of the run collects cyclic garbage less often during start-up
-# (tests/startup/sitecustomize.py says why: about a second of CPU per torch import).
+# Every Python process of the run starts faster: it collects cyclic garbage less often,
+# and imports torch._dynamo only once something compiles (tests/startup/sitecustomize.py
+# says why, and what each saves; no result changes).
 test: export PYTHONPATH := $(CURDIR)/tests/startup$(if $(PYTHONPATH),:$(PYTHONPATH))
 # The browser test opens the site `build` has just made instead of building it again.
 test: export TINYSCALE_SITE := $(CURDIR)/site

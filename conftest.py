@@ -29,7 +29,8 @@ from pytest_codeblocks.plugin import TestBlock
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "tests"))  # tests/helpers.py, shared with the tests
-# Python processes collect cyclic garbage less often (tests/startup/sitecustomize.py):
+# Python processes start faster (tests/startup/sitecustomize.py: rarer full garbage
+# collections, torch._dynamo imported only once something compiles):
 # `make test` puts the folder on PYTHONPATH; a bare pytest does it here, for itself and
 # for every process it starts.
 STARTUP = ROOT / "tests" / "startup"

@@ -1,6 +1,6 @@
 """The test run's environment: the pages' numbers are pinned to one kernel choice on x86
 and one thread per process (see the Makefile), and every process collects full garbage
-rarely (tests/startup).
+rarely and imports torch._dynamo only when something compiles (tests/startup).
 
 Run:  pytest tests/docs/test_pinned_kernels.py
 """
@@ -64,3 +64,46 @@ def test_every_process_a_test_starts_collects_full_garbage_rarely() -> None:
     plain = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     default = [int(x) for x in child(thresholds, plain).split()]
     assert ours == [default[0], default[1], 100 * default[2]]
+
+
+TRAIN = """
+import sys, torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
+optimizers = [torch.optim.AdamW(model[0].parameters(), lr=1e-2),
+              torch.optim.SGD(model[2].parameters(), lr=1e-2, momentum=0.9)]
+for step in range(3):
+    model(torch.randn(4, 8)).square().mean().backward()
+    for optimizer in optimizers:
+        optimizer.step()
+        optimizer.zero_grad()
+optimizers[0].load_state_dict(optimizers[0].state_dict())
+print([repr(p.sum().item()) for p in model.parameters()])
+print("torch._dynamo" in sys.modules)
+"""
+
+
+def test_training_without_compiling_defers_dynamo_and_changes_no_number() -> None:
+    plain = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    ours, theirs = child(TRAIN).splitlines(), child(TRAIN, plain).splitlines()
+    assert ours[0] == theirs[0], "the same weights, bit for bit"
+    assert (ours[1], theirs[1]) == ("False", "True"), "torch alone imports dynamo; ours not yet"
+
+
+def test_torchs_own_path_once_dynamo_is_imported() -> None:
+    """Once torch._dynamo exists, a step breaks the graph and a marked method is wrapped
+    in dynamo.disable, as in plain torch."""
+    code = """
+import torch, torch._dynamo
+breaks = []
+graph_break = torch._dynamo.graph_break
+torch._dynamo.graph_break = lambda: breaks.append(1) or graph_break()
+layer = torch.nn.Linear(2, 2)
+optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+layer(torch.ones(1, 2)).sum().backward()
+optimizer.step()
+optimizer.zero_grad()
+zero_grad = torch.optim.Optimizer.zero_grad.__wrapped__
+print(len(breaks), getattr(zero_grad, "__dynamo_disable", None) is not None)
+"""
+    assert child(code).split() == ["2", "True"]
