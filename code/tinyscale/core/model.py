@@ -22,22 +22,22 @@ class CausalSelfAttention(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.num_heads = cfg.num_attention_heads
+        self.head_dim = cfg.head_dim  # channels per head
         self.dropout = cfg.dropout
         self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)  # q, k, v in one matmul
         self.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape  # batch, time (sequence), channels (hidden_size)
-        q, k, v = self.qkv(x).split(C, dim=2)  # 3 x (B, T, C)
-        # split channels into heads: (B, T, C) -> (B, nh, T, hs)
-        q, k, v = (
-            t.view(B, T, self.num_heads, C // self.num_heads).transpose(1, 2) for t in (q, k, v)
-        )
+        qkv = self.qkv(x)  # (B, T, 3C): q, k and v of every head, in one matmul
+        B, T, _ = qkv.shape  # batch, time (sequence)
+        q, k, v = qkv.chunk(3, dim=2)  # 3 x (B, T, C), C = hidden_size
+        # split channels into heads: (B, T, C) -> (B, nh, T, hs). Shapes are read from qkv's
+        # output, not stored: a rank holding some of the heads (Week 4) runs this code too.
+        q, k, v = (t.view(B, T, -1, self.head_dim).transpose(1, 2) for t in (q, k, v))
         y = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
         )  # (B, nh, T, hs): token t only attends to tokens <= t
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # heads back side by side
+        y = y.transpose(1, 2).flatten(2)  # heads back side by side: (B, T, nh * hs)
         return self.proj(y)
 
 
