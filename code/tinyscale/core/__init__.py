@@ -9,7 +9,7 @@ else of tinyscale: a core module runs in one process, with no process group.
     config          workshop/lab-1.md
     cli             workshop/session-a.md
     device          start/overview.md, workshop/session-a.md
-    model           workshop/lab-1.md
+    model           workshop/lab-1.md, week-4/tensor-parallel-from-scratch.md
     data            workshop/lab-1.md, workshop/session-a.md
     metrics         workshop/lab-1.md
     checkpoint      workshop/lab-1.md, workshop/session-a.md

@@ -90,7 +90,13 @@ def zero_step_bytes(*, stage: int, numel: int, world: int, bytes_per_element: in
 
 # --8<-- [start:activations]
 def activation_bytes_estimate(
-    cfg: ModelConfig, *, micro_batch: int, seq_len: int, precision: str = "fp32"
+    cfg: ModelConfig,
+    *,
+    micro_batch: int,
+    seq_len: int,
+    precision: str = "fp32",
+    tensor_parallel: int = 1,
+    sequence_parallel: bool = False,
 ) -> int:
     """Bytes TinyTransformer's forward saves for backward (dropout 0), counted tensor by tensor.
 
@@ -100,15 +106,29 @@ def activation_bytes_estimate(
     (2bsh), FFN up output and GELU output (2bsi), and each LayerNorm's mean and 1/std
     (4bs). Then the head: final LayerNorm in and out, log-softmax over the vocabulary,
     and the int64 token ids, positions and targets.
+
+    Split over t ranks (``model_parallel.tensor_parallel``, Week 4): what lives inside
+    a split region is divided by t (q, k, v, the attention output, the FFN's 2bsi, the
+    vocabulary's softmax); the norms' inputs and outputs are not. With sequence
+    parallelism the norms' inputs and statistics are divided by t too, while each
+    column-parallel layer keeps the all-gathered, whole-sequence input it multiplied.
     """
     b, s, h, i = micro_batch, seq_len, cfg.hidden_size, cfg.intermediate_size
     a, vocab, layers = cfg.num_attention_heads, cfg.vocab_size, cfg.num_hidden_layers
+    t = tensor_parallel
+    sp = t if sequence_parallel else 1  # what the tensors between the regions are divided by
     act = 4 if check_precision(precision) == "fp32" else 2  # matmul outputs: 16-bit under autocast
     fp32 = 4  # norm statistics, log-sum-exp and log-softmax stay in fp32
-    block = act * (8 * b * s * h + 2 * b * s * i) + fp32 * (4 * b * s + b * a * s)
-    head = act * 2 * b * s * h + fp32 * (2 * b * s + b * s * vocab)
+    bsh = b * s * h
+    norms = 2 * bsh // sp + 2 * bsh  # the norms' inputs; their outputs, which the linears keep
+    block = act * (norms + 4 * bsh // t + 2 * b * s * i // t) + fp32 * (
+        4 * b * s // sp + b * a * s // t
+    )
+    head = act * (bsh // sp + bsh) + fp32 * (2 * b * s // sp + b * s * vocab // t)
     ids = 8 * (2 * b * s + s)  # input ids, targets, positions (int64)
-    return layers * block + head + ids + fp32  # + the scalar loss
+    if t == 1:
+        return layers * block + head + ids + fp32  # + the scalar loss
+    return layers * block + head + ids + 2 * b * s  # + which ids and targets are this rank's (bool)
 
 
 # --8<-- [end:activations]

@@ -4,7 +4,8 @@
 Pipeline parallelism cuts the model into stages, one per rank, and streams micro-batches
 through them (Week 3); a mixture of experts splits the FFN into experts, and expert
 parallelism puts them on different ranks (Week 3); tensor parallelism splits each weight
-matrix (Week 4). They import tinyscale.core and tinyscale.comm only.
+matrix, and sequence parallelism its activations by position (Week 4). They import
+tinyscale.core and tinyscale.comm only.
 
     module              taught on
     schedules           week-3/pipeline-from-scratch.md
@@ -15,5 +16,10 @@ matrix (Week 4). They import tinyscale.core and tinyscale.comm only.
     moe                 week-3/moe.md
     moe_compare         week-3/moe.md
     expert_parallel     week-3/moe.md
+    tp_ops              week-4/tensor-parallel-from-scratch.md
+    vocab_parallel      week-4/tensor-parallel-from-scratch.md
+    tensor_parallel     week-4/tensor-parallel-from-scratch.md
+    tp_parity           week-4/tensor-parallel-from-scratch.md
+    tp_dtensor          week-4/tensor-parallel-from-scratch.md
 """
 # --8<-- [end:map]
