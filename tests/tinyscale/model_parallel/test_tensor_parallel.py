@@ -19,7 +19,7 @@ import re
 import pytest
 import torch
 
-from helpers import one_line_error
+from helpers import one_line_error, prose, recorded_output
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError
@@ -33,6 +33,7 @@ from tinyscale.model_parallel.tensor_parallel import (
 )
 
 T = 4  # ranks: the page shows t = 2
+PAGE = "week-4/tensor-parallel-from-scratch.md"
 LOSS_TOLERANCE = 1e-5  # the split sums add in another order (measured: 1e-6)
 VALUE_TOLERANCE = 1e-6  # logits and gradients (measured: 1.5e-7)
 # AdamW divides each step by sqrt(v): where a gradient is ~1e-8, two sums that differ in
@@ -162,3 +163,16 @@ def test_bad_sizes_are_one_line_errors(ranks) -> None:
     assert "sequence length 6 does not split over 4 ranks" in ranks[0]["bad length"]
     with pytest.raises(UsageError, match="260 vocabulary entries"):
         check_tensor_parallel_size(preset("tiny", num_attention_heads=8), 8)
+
+
+def test_the_pages_sentences_are_these_measurements(ranks) -> None:
+    """docs/week-4/tensor-parallel-from-scratch.md repeats measured numbers in its prose."""
+    text = prose(PAGE)
+    cfg, block = preset("tiny"), ranks[0]["tp block"]
+    assert f"({parameters_per_rank(cfg, 2):,} on each of 2 ranks" in text
+    assert f"and {ranks[0]['tp'].params:,} on each of 4)" in text
+    ratio = block.sent_bytes / block.activation
+    assert f"at t = 4 ({block.sent_bytes:,.0f} = {ratio:.0f} × the activation)" in text
+    recorded = "\n".join(recorded_output(PAGE, "tp_parity import demo"))
+    worst = max(float(x) for x in re.findall(r"weights after 3 steps ([\d.e+-]+)", recorded))
+    assert f"The weights after 3 AdamW steps differ by {worst:.1e}".replace("e-04", "e-4") in text
