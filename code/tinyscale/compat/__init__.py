@@ -12,5 +12,6 @@ tinyscale.data_parallel and tinyscale.model_parallel; those never import them.
     titan_compat        week-2/torchtitan.md
     titan_config        week-2/torchtitan.md, week-3/pipeline-torchtitan.md
     titan_config        week-3/fp8.md, week-3/moe.md
+    titan_config        week-4/tensor-parallel-torchtitan.md
 """
 # --8<-- [end:map]

@@ -161,3 +161,43 @@ def tinyscale_float8() -> Trainer.Config:
 
 
 # --8<-- [end:float8]
+
+
+# --8<-- [start:tp]
+def tinyscale_tp() -> Trainer.Config:
+    """tinyscale_debug with every block split over 2 ranks: tensor parallel 2 (TP 2).
+
+        torchrun --nproc-per-node 2 code/scripts/torchtitan_train.py \\
+            --module tinyscale.compat.titan_config --config tinyscale_tp
+
+    Both ranks read the same 2 sequences: a TP group is one data-parallel replica, so
+    no rank is left over for FSDP. Sequence parallelism is torchtitan's default.
+    """
+    config = tinyscale_debug()
+    config.parallelism.tensor_parallel_degree = 2
+    config.parallelism.enable_sequence_parallel = True  # the default, said out loud
+    config.training.steps = 3
+    config.checkpoint.enable = False
+    config.dump_folder = "runs/torchtitan/tp"
+    return config
+
+
+# --8<-- [end:tp]
+
+
+# --8<-- [start:fsdp_tp]
+def tinyscale_fsdp_tp() -> Trainer.Config:
+    """2D: FSDP 2 x TP 2 on 4 processes. TP inside a pair of ranks, FSDP across pairs.
+
+        torchrun --nproc-per-node 4 code/scripts/torchtitan_train.py \\
+            --module tinyscale.compat.titan_config --config tinyscale_fsdp_tp
+
+    data_parallel_shard_degree = -1 takes the ranks TP leaves: 4 / 2 = 2.
+    """
+    config = tinyscale_tp()
+    config.parallelism.data_parallel_shard_degree = -1  # FSDP over the ranks left: 2
+    config.dump_folder = "runs/torchtitan/fsdp_tp"
+    return config
+
+
+# --8<-- [end:fsdp_tp]
