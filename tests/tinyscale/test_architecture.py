@@ -1,7 +1,7 @@
 """The package's architecture (ARCHITECTURE.md): topic folders, the import rule, the chapter maps.
 
 - Every module sits in a topic folder; nothing but __init__.py at the package's top.
-- Imports flow one way: core <- comm <- data_parallel, model_parallel <- compat, and
+- Imports flow one way: core <- comm <- data_parallel, model_parallel <- composed <- compat, and
   core <- low_precision <- compat; ops may import any of them and nothing imports ops.
   Read from every module's `import` statements with `ast` (function-level imports count
   too).
@@ -29,8 +29,17 @@ ALLOWED: dict[str, set[str]] = {
     "data_parallel": {"core", "comm"},
     "model_parallel": {"core", "comm"},
     "low_precision": {"core"},
-    "compat": {"core", "comm", "data_parallel", "model_parallel", "low_precision"},
-    "ops": {"core", "comm", "data_parallel", "model_parallel", "low_precision", "compat"},
+    "composed": {"core", "comm", "data_parallel", "model_parallel"},
+    "compat": {"core", "comm", "data_parallel", "model_parallel", "low_precision", "composed"},
+    "ops": {
+        "core",
+        "comm",
+        "data_parallel",
+        "model_parallel",
+        "low_precision",
+        "composed",
+        "compat",
+    },
 }
 MAP_ROW = re.compile(r"^    (?P<module>[a-z_0-9]+) +(?P<pages>\S+\.md(?:, \S+\.md)*)$")
 

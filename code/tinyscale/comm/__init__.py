@@ -14,5 +14,6 @@ tinyscale.core.
     counter         week-2/zero-from-scratch.md
     tree_allreduce  week-1/collectives.md
     latency         operations/nccl-network.md
+    rank_grid       week-4/parallelism-2d-3d.md
 """
 # --8<-- [end:map]

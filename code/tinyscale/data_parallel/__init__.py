@@ -17,5 +17,6 @@ tinyscale.core and tinyscale.comm.
     zero_vs_ddp         week-2/zero-from-scratch.md
     memory_calculator   week-2/memory-calculator.md, workshop/deepspeed.md, week-2/zero-from-scratch.md
     fsdp                week-2/fsdp.md
+    sharded_optimizer   week-4/parallelism-2d-3d.md
 """
 # --8<-- [end:map]

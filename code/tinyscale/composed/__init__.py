@@ -1,0 +1,12 @@
+# --8<-- [start:map]
+"""tinyscale.composed: the course's own pieces combined on one grid of ranks (2D, 3D).
+
+Tensor parallelism inside, data parallelism and ZeRO across (Week 4): built from
+tinyscale.model_parallel and tinyscale.data_parallel, which may not import each other,
+so their compositions live here. They import core, comm, data_parallel and
+model_parallel.
+
+    module              taught on
+    two_d               week-4/parallelism-2d-3d.md
+"""
+# --8<-- [end:map]
