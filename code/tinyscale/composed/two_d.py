@@ -29,15 +29,18 @@ from tinyscale.model_parallel.tp_parity import largest_difference
 
 
 # --8<-- [start:formulas]
-def tensor_step_bytes(cfg: ModelConfig, *, batch: int, seq_len: int, tp: int) -> float:
-    """Bytes one rank sends to its tensor group in one training step (no SP), fp32 ring.
+def tensor_step_bytes(
+    cfg: ModelConfig, *, batch: int, seq_len: int, tp: int, element_size: int = 4
+) -> float:
+    """Bytes one rank sends to its tensor group in one training step, with rings (with
+    SP: the same bytes, each all-reduce an all-gather and a reduce-scatter).
 
     All-reduces of (B, T, C): the embedding's (forward), 2 per block each way, the head's
     input gradient (backward); and 3 of one number per position for the loss.
     """
     bsh, bs = batch * seq_len * cfg.hidden_size, batch * seq_len
     elements = (4 * cfg.num_hidden_layers + 2) * bsh + 3 * bs
-    return 2 * (tp - 1) / tp * 4 * elements
+    return 2 * (tp - 1) / tp * element_size * elements
 
 
 def data_step_bytes(params_per_rank: int, *, dp: int) -> float:

@@ -11,9 +11,10 @@ import pytest
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.composed.two_d import data_step_bytes, tensor_step_bytes, train_2d
 from tinyscale.core.config import preset
-from tinyscale.data_parallel.memory_calculator import zero_state_bytes
+from tinyscale.data_parallel.memory_calculator import activation_bytes_estimate, zero_state_bytes
 from tinyscale.model_parallel.tensor_parallel import parameters_per_rank
 
+PAGE = "week-4/parallelism-2d-3d.md"
 LOSS_TOLERANCE = 1e-5
 WEIGHT_TOLERANCE = 1e-3  # Adam after 3 steps, as in test_tensor_parallel.py (measured 3.6e-5)
 
@@ -49,3 +50,60 @@ def test_memory_per_rank_against_the_calculator(runs) -> None:
         assert r.params == shard
         assert abs(4 * r.state - adam) <= 8 * 32  # whole parameters: within one 32-vector
     assert sum(r.state for r in runs[:2]) + sum(r.state for r in runs[2:]) == 4 * shard
+
+
+def test_the_planners_numbers_for_this_run_are_the_measurements(runs) -> None:
+    """What planner.evaluate prints for the 2 x 2 CPU run, against what the run measured."""
+    from helpers import recorded_output
+    from tinyscale.composed.planner import Cluster, Workload, evaluate
+
+    cfg = preset("tiny")
+    w = Workload(model=cfg, seq_len=16, global_batch=8, micro_batch=4, precision="fp32")
+    p = evaluate(w, Cluster(gpus=4, gpus_per_node=4), dp=2, tp=2, pp=1, zero=1)
+    assert p.microbatches == 1 and p.bubble == 0.0 and p.pipeline_bytes == 0.0
+    assert p.params == runs[0].params
+    assert p.tensor_bytes == runs[0].tensor_bytes and p.data_bytes == runs[0].data_bytes
+    states = [4 * r.params + 4 * r.params + 4 * r.state for r in runs]  # weights, grads, Adam
+    assert min(states) <= p.states <= max(states)
+    sp = [x for x in recorded_output("week-4/tensor-parallel-from-scratch.md", "tp_parity import")
+          if x.startswith("TP + SP, t = 2")]  # fmt: skip
+    assert f"{p.activations:,} bytes of saved activations" in sp[0]  # measured with SP, t = 2
+
+
+def test_the_planner_chooses_torchtitans_published_layouts() -> None:
+    """7B on 16 GPUs: FSDP alone; 70B on 64: TP 8 x FSDP, as torchtitan's llama3 recipes."""
+    pytest.importorskip("torchtitan", reason="torchtitan is in the cluster extra: make setup")
+    from torchtitan.models.llama3.config_registry import llama3_8b, llama3_70b
+
+    from tinyscale.composed.planner import MODELS, Cluster, Workload, plan
+
+    for name, gpus, batch, recipe in [("7b", 16, 64, llama3_8b), ("70b", 64, 128, llama3_70b)]:
+        best = plan(Workload(model=MODELS[name], seq_len=8192, global_batch=batch),
+                    Cluster(gpus=gpus))[0]  # fmt: skip
+        published = recipe().parallelism
+        assert (best.tp, best.pp, best.zero) == (published.tensor_parallel_degree, 1, 3)
+        assert published.data_parallel_shard_degree == -1  # FSDP over every rank left
+
+
+def test_a_model_that_fits_nowhere_is_one_line() -> None:
+    from helpers import one_line_error
+    from tinyscale.composed.planner import MODELS, Cluster, Workload, plan
+
+    w = Workload(model=MODELS["70b"], seq_len=8192, global_batch=8)
+    message = one_line_error(plan, w, Cluster(gpus=8))
+    assert message.startswith("no layout fits in 80 GB x 0.85; the smallest needs")
+    assert message.endswith("add GPUs, turn on --recompute, or shorten the sequences")
+
+
+def test_the_pages_activation_sentence_is_the_calculator() -> None:
+    from helpers import prose
+    from tinyscale.composed.planner import MODELS
+
+    def gib(**split: object) -> float:
+        kw = {"micro_batch": 1, "seq_len": 8192, "precision": "bf16"}
+        return activation_bytes_estimate(MODELS["70b"], **kw, **split) / 2**30
+
+    assert f"saves about {round(gib(), -1):.0f} GiB of activations" in prose(PAGE)
+    assert f"down to {gib(tensor_parallel=8, sequence_parallel=True):.0f} GiB per GPU" in prose(
+        PAGE
+    )

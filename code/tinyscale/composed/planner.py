@@ -1,0 +1,211 @@
+# --8<-- [start:header]
+"""A parallelism planner: the course's formulas, asked which layout a model needs on a cluster.
+
+    python -m tinyscale.composed.planner --model 7b --gpus 16 --seq-len 8192 --global-batch 16
+
+For every layout (data x pipeline x tensor, a ZeRO stage, micro-batches) that the model
+and the cluster allow, it adds up what the lessons measured: model states per GPU (the
+ZeRO formulas of Week 2, on the TP shard of Week 4), saved activations (the memory
+calculator, with tensor and sequence parallelism), the pipeline bubble (Week 3), and the
+bytes each group sends per step (tensor: activations; pipeline: stage boundaries; data:
+parameters). It keeps the layouts that fit in memory and ranks them by a step time made
+of three assumptions, each stated: compute at the GPU's peak, tensor and pipeline
+messages on the critical path, data-parallel messages hidden behind compute when they
+can be. A sketch of what planners in Megatron-LM and torchtitan's docs reason about, not
+a replacement for measuring.
+"""
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+from tinyscale.composed.two_d import tensor_step_bytes
+from tinyscale.core.config import ModelConfig
+from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
+from tinyscale.core.memory import human_bytes
+from tinyscale.core.model import count_parameters
+from tinyscale.data_parallel.memory_calculator import (
+    activation_bytes_estimate,
+    zero_state_bytes,
+    zero_step_bytes,
+)
+from tinyscale.model_parallel.tensor_parallel import parameters_per_rank
+
+# GPT-shaped models of the course's own family (TinyTransformer: 4h FFN, learned positions).
+MODELS = {
+    "7b": ModelConfig(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                      intermediate_size=16384, vocab_size=32000, max_position_embeddings=8192,
+                      dropout=0.0),
+    "70b": ModelConfig(hidden_size=8192, num_hidden_layers=80, num_attention_heads=64,
+                       intermediate_size=32768, vocab_size=32000, max_position_embeddings=8192,
+                       dropout=0.0),
+}  # fmt: skip
+
+# --8<-- [end:header]
+
+
+# --8<-- [start:inputs]
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Cluster:
+    gpus: int
+    gpus_per_node: int = 8
+    memory_gb: float = 80.0  # H100 SXM
+    usable: float = 0.85  # the rest: CUDA context, NCCL buffers, fragmentation
+    peak_tflops: float = 989.0  # dense bf16, H100 SXM
+    intra_gbs: float = 450.0  # NVLink, GB/s each way per GPU
+    inter_gbs: float = 50.0  # one 400 Gb/s InfiniBand NIC per GPU
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Workload:
+    model: ModelConfig
+    seq_len: int
+    global_batch: int  # sequences per optimizer step
+    micro_batch: int = 1  # sequences per forward/backward on one GPU
+    precision: str = "bf16"
+    recompute: bool = False  # full activation checkpointing: keep block inputs only
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    dp: int
+    tp: int
+    pp: int
+    zero: int
+    microbatches: int  # per data-parallel replica per step
+    params: int  # per GPU, before ZeRO: the busiest pipeline stage's TP shard
+    states: int  # bytes: weights + gradients + optimizer, after ZeRO
+    activations: int  # bytes, the micro-batches a first stage holds (1F1B)
+    bubble: float
+    tensor_bytes: float  # per GPU per step
+    pipeline_bytes: float
+    data_bytes: float
+    step_s: float  # the time model below
+
+    @property
+    def memory(self) -> int:
+        return self.states + self.activations
+
+
+# --8<-- [end:inputs]
+
+
+# --8<-- [start:evaluate]
+def evaluate(w: Workload, c: Cluster, *, dp: int, tp: int, pp: int, zero: int) -> Plan:
+    """One layout's memory, bubble, bytes and step time, from the course's formulas."""
+    cfg = w.model
+    stage = dataclasses.replace(cfg, num_hidden_layers=math.ceil(cfg.num_hidden_layers / pp))
+    m = w.global_batch // (dp * w.micro_batch)  # micro-batches per replica per step
+    e = 2 if w.precision in ("bf16", "fp16") else 4  # bytes per activation element
+    params = parameters_per_rank(stage, tp)  # the busiest stage: its blocks and embeddings
+    states = zero_state_bytes(params, stage=zero, world_size=dp, precision=w.precision).total
+    if w.recompute:  # each block's input, plus one block's activations while it recomputes
+        one = dataclasses.replace(stage, num_hidden_layers=1)
+        acts = stage.num_hidden_layers * w.micro_batch * w.seq_len * cfg.hidden_size * e // tp
+        acts += activation_bytes_estimate(one, micro_batch=w.micro_batch, seq_len=w.seq_len,
+                                          precision=w.precision, tensor_parallel=tp,
+                                          sequence_parallel=tp > 1)  # fmt: skip
+    else:
+        acts = activation_bytes_estimate(stage, micro_batch=w.micro_batch, seq_len=w.seq_len,
+                                         precision=w.precision, tensor_parallel=tp,
+                                         sequence_parallel=tp > 1)  # fmt: skip
+    activations = acts * min(m, pp)  # 1F1B: the first stage holds up to pp micro-batches
+    bubble = (pp - 1) / (m + pp - 1)
+    tensor = 0.0 if tp == 1 else m * tensor_step_bytes(
+        stage, batch=w.micro_batch, seq_len=w.seq_len, tp=tp, element_size=e)  # fmt: skip
+    boundary = w.micro_batch * w.seq_len * cfg.hidden_size * e / tp  # SP: 1/tp of it per GPU
+    pipeline = 0.0 if pp == 1 else 2 * m * boundary  # forward activations, backward gradients
+    data = zero_step_bytes(stage=zero, numel=params, world=dp, bytes_per_element=e)
+    # the time model: compute at peak (x 4/3 when every forward runs twice), stretched by
+    # the bubble; tensor and pipeline messages wait; data-parallel ones hide behind compute
+    flops = 6 * count_parameters(cfg) * w.global_batch * w.seq_len * (4 / 3 if w.recompute else 1)
+    compute = flops / (c.gpus * c.peak_tflops * 1e12) / (1 - bubble)
+    spans = dp * tp * pp > c.gpus_per_node  # the data group leaves the node
+    exposed = max(0.0, data / ((c.inter_gbs if spans else c.intra_gbs) * 1e9) - compute)
+    pipe_gbs = c.inter_gbs if tp * pp > c.gpus_per_node else c.intra_gbs
+    step = compute + tensor / (c.intra_gbs * 1e9) + pipeline / (pipe_gbs * 1e9) + exposed
+    return Plan(dp, tp, pp, zero, m, params, states, activations, bubble, tensor, pipeline,
+                data, step)  # fmt: skip
+
+
+# --8<-- [end:evaluate]
+
+
+# --8<-- [start:plan]
+def layouts(w: Workload, c: Cluster) -> list[tuple[int, int, int, int]]:
+    """Every (dp, tp, pp, ZeRO stage) the model and the cluster allow."""
+    cfg, found = w.model, []
+    for tp in (1, 2, 4, 8, 16):
+        fits_heads = cfg.num_attention_heads % tp == 0 and cfg.vocab_size % tp == 0
+        if tp > c.gpus_per_node or c.gpus % tp or not fits_heads:
+            continue  # tensor groups stay inside a node and split the heads evenly
+        for pp in (1, 2, 4, 8, 16, 32):
+            if c.gpus % (tp * pp) or pp > cfg.num_hidden_layers:
+                continue
+            dp = c.gpus // (tp * pp)
+            if w.global_batch % (dp * w.micro_batch):
+                continue  # every replica gets whole micro-batches
+            for zero in (0, 1, 2, 3):
+                if pp > 1 and zero > 1:
+                    continue  # gradients accumulate over micro-batches: stages keep them whole
+                found.append((dp, tp, pp, zero))
+    return found
+
+
+def plan(w: Workload, c: Cluster) -> list[Plan]:
+    """The layouts that fit, fastest first (then the least memory)."""
+    if c.gpus < 1 or w.global_batch < 1 or w.seq_len > w.model.max_position_embeddings:
+        raise UsageError("need at least 1 GPU and 1 sequence, and seq_len within the model's")
+    budget = c.memory_gb * 1e9 * c.usable
+    plans = [evaluate(w, c, dp=d, tp=t, pp=p, zero=z) for d, t, p, z in layouts(w, c)]
+    fitting = [p for p in plans if p.memory <= budget]
+    if not fitting:
+        least = min(plans, key=lambda p: p.memory) if plans else None
+        need = f"; the smallest needs {human_bytes(least.memory)} per GPU" if least else ""
+        raise UsageError(
+            f"no layout fits in {c.memory_gb:g} GB x {c.usable:g}{need}: "
+            "add GPUs, turn on --recompute, or shorten the sequences"
+        )
+    return sorted(fitting, key=lambda p: (round(p.step_s, 3), p.memory))
+
+
+# --8<-- [end:plan]
+
+
+# --8<-- [start:main]
+def describe(p: Plan) -> str:
+    return (
+        f"dp {p.dp:>2} x tp {p.tp} x pp {p.pp}, ZeRO-{p.zero}, m {p.microbatches:>3}: "
+        f"{human_bytes(p.memory):>9} per GPU (states {human_bytes(p.states)}, "
+        f"activations {human_bytes(p.activations)}), bubble {p.bubble:.0%}, "
+        f"sends {human_bytes(p.tensor_bytes)} TP + {human_bytes(p.pipeline_bytes)} PP + "
+        f"{human_bytes(p.data_bytes)} DP, step {p.step_s:.2f} s"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = ArgumentParser(description="Propose (DP, TP, PP, ZeRO stage, micro-batches).")
+    parser.add_argument("--model", choices=MODELS, default="7b")
+    parser.add_argument("--gpus", type=int, required=True)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--memory-gb", type=float, default=80.0)
+    parser.add_argument("--seq-len", type=int, default=4096)
+    parser.add_argument("--global-batch", type=int, required=True, help="sequences per step")
+    parser.add_argument("--recompute", action="store_true", help="full activation checkpointing")
+    parser.add_argument("--top", type=int, default=3)
+    args = parser.parse_args(argv)
+    w = Workload(model=MODELS[args.model], seq_len=args.seq_len,
+                 global_batch=args.global_batch, recompute=args.recompute)  # fmt: skip
+    c = Cluster(gpus=args.gpus, gpus_per_node=args.gpus_per_node, memory_gb=args.memory_gb)
+    plans = plan(w, c)
+    print(f"{args.model}: {count_parameters(w.model) / 1e9:.1f} B parameters, {c.gpus} GPUs, "
+          f"{len(plans)} layouts fit; the fastest:")  # fmt: skip
+    for p in plans[: args.top]:
+        print("  " + describe(p))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(run_cli(main))
+
+# --8<-- [end:main]
