@@ -8,6 +8,7 @@ model_parallel.
 
     module              taught on
     two_d               week-4/parallelism-2d-3d.md
+    ladder              week-4/parallelism-2d-3d.md
     planner             week-4/parallelism-2d-3d.md
 """
 # --8<-- [end:map]

@@ -57,6 +57,7 @@ def data_step_bytes(params_per_rank: int, *, dp: int) -> float:
 @dataclasses.dataclass
 class TwoDRun:
     coordinate: dict[str, int]
+    losses: list[float]  # the batch's mean loss, step by step
     loss: float  # the largest |loss - one process's loss| over the steps
     weights: float  # after the last step, against one process
     tensor_bytes: float  # sent to the tensor group per step, counted
@@ -79,7 +80,7 @@ def train_2d(dp: int, tp: int, steps: int = 3, batch: int = 4) -> TwoDRun:
     batches = torch.randint(0, cfg.vocab_size, (steps, 2, batch * dp, cfg.max_position_embeddings))
     mine = slice(where["dp"] * batch, (where["dp"] + 1) * batch)  # my copy's part of the batch
     tensor, data = CollectiveCounter(), CollectiveCounter()
-    loss_error = 0.0
+    losses, loss_error = [], 0.0
     for x, y in batches:
         loss = model(x, y)[1]
         loss.backward()
@@ -94,9 +95,11 @@ def train_2d(dp: int, tp: int, steps: int = 3, batch: int = 4) -> TwoDRun:
         optimizer.zero_grad()
         mean = split_loss.detach().clone()
         dist.all_reduce(mean, group=groups["dp"])  # the copies' losses, averaged: the batch's
-        loss_error = max(loss_error, abs(mean.item() / dp - loss.item()))
+        losses.append(mean.item() / dp)
+        loss_error = max(loss_error, abs(losses[-1] - loss.item()))
     return TwoDRun(
         coordinate=where,
+        losses=losses,
         loss=loss_error,
         weights=largest_difference(model, split, grads=False),
         tensor_bytes=tensor.sent_bytes() / steps,
