@@ -49,8 +49,8 @@ def shard(param: torch.Tensor, dim: int, index: torch.Tensor) -> nn.Parameter:
     return part
 
 
-class ColumnParallelLinear(nn.Module):
-    """Y_r = X A_r + b_r: this rank's output features. X is the whole input on every rank."""
+class ParallelLinear(nn.Module):
+    """A linear layer's part on this rank: the weight (and bias) it is given, already split."""
 
     def __init__(
         self,
@@ -61,8 +61,15 @@ class ColumnParallelLinear(nn.Module):
         sequence_parallel: bool,
     ) -> None:
         super().__init__()
-        self.weight, self.bias = weight, bias  # (out/t, in), (out/t,): already this rank's
+        self.weight, self.bias = weight, bias
         self.group, self.sequence_parallel = group, sequence_parallel
+
+
+class ColumnParallelLinear(ParallelLinear):
+    """Y_r = X A_r + b_r: this rank's output features. X is the whole input on every rank.
+
+    weight (out/t, in) and bias (out/t,): this rank's rows.
+    """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # enter the region: f, or the all-gather of every rank's positions
@@ -74,20 +81,11 @@ class ColumnParallelLinear(nn.Module):
         return F.linear(x, self.weight, self.bias)  # (B, T, out/t)
 
 
-class RowParallelLinear(nn.Module):
-    """Y = sum over ranks of X_r B_r, plus b once: this rank's input features."""
+class RowParallelLinear(ParallelLinear):
+    """Y = sum over ranks of X_r B_r, plus b once: this rank's input features.
 
-    def __init__(
-        self,
-        weight: nn.Parameter,
-        bias: nn.Parameter | None,
-        *,
-        group: Group,
-        sequence_parallel: bool,
-    ) -> None:
-        super().__init__()
-        self.weight, self.bias = weight, bias  # (out, in/t), (out,): the bias is whole
-        self.group, self.sequence_parallel = group, sequence_parallel
+    weight (out, in/t): this rank's columns; bias (out,): whole, on every rank.
+    """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         partial = F.linear(x, self.weight)  # (B, T, out): this rank's share of the sum
