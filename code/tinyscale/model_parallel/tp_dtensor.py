@@ -149,11 +149,17 @@ def against_one_process(sequence_parallel: bool, steps: int = 3) -> dict:
 
 
 # --8<-- [start:demo]
+def both() -> list[dict]:
+    """On each rank: plain TP, then TP + SP (one launch for both)."""
+    return [against_one_process(sp) for sp in (False, True)]
+
+
 def demo(world_size: int = 2) -> None:
     from tinyscale.comm.launch import run_on_ranks
 
-    for sp in (False, True):
-        facts = run_on_ranks(against_one_process, world_size, sp)
+    ranks = run_on_ranks(both, world_size)
+    for run, sp in enumerate((False, True)):
+        facts = [rank[run] for rank in ranks]
         name = "DTensor TP + SP" if sp else "DTensor TP"
         worst = max(max(f["loss"], f["weights"]) for f in facts)
         print(f"{name}, t = {world_size}: largest difference from one process {worst:.1e}")

@@ -144,20 +144,25 @@ def saved_activations(
 
 
 # --8<-- [start:demo]
-def report(sequence_parallel: bool) -> dict:
-    return {
-        "parity": parity(sequence_parallel=sequence_parallel),
-        "block": count_block(sequence_parallel=sequence_parallel),
-        "activations": saved_activations(sequence_parallel=sequence_parallel),
-    }
+def report() -> list[dict]:
+    """On each rank: plain TP, then TP + SP (one launch for both)."""
+    return [
+        {
+            "parity": parity(sequence_parallel=sp),
+            "block": count_block(sequence_parallel=sp),
+            "activations": saved_activations(sequence_parallel=sp),
+        }
+        for sp in (False, True)
+    ]
 
 
 def demo(world_size: int = 2) -> None:
     """t = world_size, the tiny preset, 3 AdamW steps: plain TP, then with SP."""
     from tinyscale.comm.launch import run_on_ranks
 
-    for sp in (False, True):
-        facts = run_on_ranks(report, world_size, sp)
+    ranks = run_on_ranks(report, world_size)
+    for run, sp in enumerate((False, True)):
+        facts = [rank[run] for rank in ranks]
         p, b = facts[0]["parity"], facts[0]["block"]
         worst = {key: max(getattr(f["parity"], key) for f in facts)
                  for key in ("loss", "logits", "grads", "weights")}  # fmt: skip
