@@ -6,7 +6,7 @@ recv, and what they cost. Session B, Session C and Week 1 teach these; they impo
 tinyscale.core.
 
     module          taught on
-    dist            week-1/ddp-from-scratch.md, workshop/lab-2.md, workshop/session-c.md
+    dist            week-1/ddp-from-scratch.md, workshop/lab-2.md, workshop/session-c.md, week-4/parallelism-2d-3d.md
     comm_model      workshop/session-b.md, week-1/ddp-from-scratch.md
     launch          week-1/index.md
     workers         week-1/index.md

@@ -15,7 +15,7 @@ import gc
 import logging
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -223,3 +223,22 @@ def rank_spread(tensor: torch.Tensor) -> float:
 
 
 # --8<-- [end:checks]
+
+
+# --8<-- [start:flat]
+def in_one_call(
+    tensors: Sequence[torch.Tensor], collective: Callable[[torch.Tensor], object]
+) -> None:
+    """Run ``collective`` once on many tensors: flatten them into one buffer, call it on
+    the buffer (it works in place), and copy the result back into each tensor.
+
+    One message instead of one per tensor: what DDP's buckets do, for a handful of
+    gradients or weights (Week 4's norms, ZeRO-1's owners).
+    """
+    flat = torch.cat([t.flatten() for t in tensors])
+    collective(flat)
+    for t, new in zip(tensors, flat.split([t.numel() for t in tensors]), strict=True):
+        t.copy_(new.view_as(t))
+
+
+# --8<-- [end:flat]

@@ -20,8 +20,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tinyscale.comm.dist import require_process_group
+from tinyscale.comm.dist import in_one_call, require_process_group
 from tinyscale.core.errors import UsageError
+from tinyscale.data_parallel.ddp import flat_params
 
 # --8<-- [end:header]
 
@@ -86,10 +87,9 @@ class ShardedOptimizer:
         with torch.no_grad():
             for owner, sender in enumerate(self.senders):  # one broadcast per owner
                 params = [p for p, o in zip(self.params, self.owners, strict=True) if o == owner]
-                flat = torch.cat([p.flatten() for p in params])
-                dist.broadcast(flat, src=sender, group=self.group)
-                for p, new in zip(params, flat.split([p.numel() for p in params]), strict=True):
-                    p.copy_(new.view_as(p))
+                in_one_call(
+                    params, lambda flat, src=sender: dist.broadcast(flat, src=src, group=self.group)
+                )
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self.params:
@@ -114,12 +114,12 @@ class ShardedOptimizer:
 # --8<-- [start:demo]
 def average_gradients(params: Iterable[nn.Parameter], group: dist.ProcessGroup | None) -> None:
     """What DDP does, in one call: all-reduce the gradients, flattened, and divide by N."""
-    grads = [p.grad for p in params]
-    flat = torch.cat([g.flatten() for g in grads])
-    dist.all_reduce(flat, group=group)
-    flat /= dist.get_world_size(group)
-    for g, new in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
-        g.copy_(new.view_as(g))
+
+    def average(flat: torch.Tensor) -> None:
+        dist.all_reduce(flat, group=group)
+        flat /= dist.get_world_size(group)
+
+    in_one_call([p.grad for p in params], average)
 
 
 def against_torch(optimizer_name: str, steps: int = 3) -> dict:
@@ -154,7 +154,7 @@ def against_torch(optimizer_name: str, steps: int = 3) -> dict:
         for optimizer in optimizers:
             optimizer.step()
             optimizer.zero_grad()
-    flat = [torch.cat([p.detach().flatten() for p in m.parameters()]) for m in models]
+    flat = [flat_params(m) for m in models]
     return {
         "ours vs one process": (flat[1] - flat[0]).abs().max().item(),
         "ours vs torch": (flat[1] - flat[2]).abs().max().item(),

@@ -17,7 +17,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from tinyscale.comm.dist import require_process_group
+from tinyscale.comm.dist import in_one_call, require_process_group
 from tinyscale.core.config import ModelConfig
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import TinyTransformer, head_channels, qkv_rows
@@ -178,7 +178,9 @@ class TensorParallelTransformer(nn.Module):
         cfg = self.cfg = model.cfg
         self.group, self.sequence_parallel = group, sequence_parallel
         check_tensor_parallel_size(cfg, dist.get_world_size(group))
-        self.tok_emb = VocabParallelEmbedding(model.tok_emb, group=group)  # vocabulary rows
+        t, rank, V = dist.get_world_size(group), dist.get_rank(group), cfg.vocab_size
+        rows = torch.arange(rank * V // t, (rank + 1) * V // t)  # this rank's vocabulary
+        self.tok_emb = VocabParallelEmbedding(shard(model.tok_emb.weight, 0, rows), group=group)
         self.pos_emb, self.drop = model.pos_emb, model.drop  # replicated
         for block in model.blocks:
             parallelize_block(block, cfg, group=group, sequence_parallel=sequence_parallel)
@@ -186,7 +188,7 @@ class TensorParallelTransformer(nn.Module):
         if cfg.tie_word_embeddings:  # the head's rows are the embedding's rows: one parameter
             head_weight = self.tok_emb.weight
         else:
-            head_weight = shard(model.lm_head.weight, 0, self.tok_emb.rows)
+            head_weight = shard(model.lm_head.weight, 0, rows)
         self.lm_head = ColumnParallelLinear(
             head_weight, None, group=group, sequence_parallel=sequence_parallel
         )
@@ -214,12 +216,8 @@ class TensorParallelTransformer(nn.Module):
         parameters that saw 1/t of the positions (the norms, two biases), in one call."""
         params = [p for p in self.parameters() if getattr(p, "sequence_parallel", False)]
         grads = [p.grad for p in params if p.grad is not None]
-        if not grads:
-            return
-        flat = torch.cat([g.flatten() for g in grads])
-        dist.all_reduce(flat, group=self.group)
-        for grad, summed in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
-            grad.copy_(summed.view_as(grad))
+        if grads:
+            in_one_call(grads, lambda flat: dist.all_reduce(flat, group=self.group))
 
 
 # --8<-- [end:model]

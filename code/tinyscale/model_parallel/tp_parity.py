@@ -115,17 +115,13 @@ def count_block(
     x = torch.randn(batch, T, cfg.hidden_size, requires_grad=True)  # what enters the block
     with CollectiveCounter() as counter:
         out = block(x)
-        forward = dict(counter.ops())
+        forward, forward_sent = dict(counter.ops()), counter.sent_bytes()
         counter.clear()
         out.sum().backward()
-    backward = dict(counter.ops())
-    sent = counter.sent_bytes()
-    with CollectiveCounter() as counter:  # the forward again, for the bytes of both passes
-        block(x)
     return BlockTraffic(
         forward=forward,
-        backward=backward,
-        sent_bytes=sent + counter.sent_bytes(),
+        backward=dict(counter.ops()),
+        sent_bytes=forward_sent + counter.sent_bytes(),
         activation=batch * cfg.max_position_embeddings * cfg.hidden_size * 4,
     )
 

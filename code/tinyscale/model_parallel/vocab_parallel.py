@@ -24,16 +24,14 @@ from tinyscale.model_parallel.tp_ops import Group, reduce_from_region
 
 # --8<-- [start:embedding]
 class VocabParallelEmbedding(nn.Module):
-    """Rows [start, stop) of an embedding table; the looked-up vectors summed over ranks."""
+    """This rank's rows of an embedding table, consecutive tokens [start, stop); the
+    looked-up vectors summed over ranks. ``weight`` is the rank's shard (``shard``)."""
 
-    def __init__(self, embedding: nn.Embedding, *, group: Group) -> None:
+    def __init__(self, weight: nn.Parameter, *, group: Group) -> None:
         super().__init__()
-        t, rank = dist.get_world_size(group), dist.get_rank(group)
-        per_rank = embedding.num_embeddings // t
-        self.start, self.stop, self.group = rank * per_rank, (rank + 1) * per_rank, group
-        self.rows = torch.arange(self.start, self.stop)
-        self.weight = nn.Parameter(embedding.weight.detach()[self.start : self.stop].clone())
-        self.weight.tp_dim, self.weight.tp_index = 0, self.rows  # type: ignore[attr-defined]
+        self.weight, self.group = weight, group
+        self.rows = weight.tp_index  # type: ignore[attr-defined]
+        self.start, self.stop = int(self.rows[0]), int(self.rows[-1]) + 1
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         mine = (input_ids >= self.start) & (input_ids < self.stop)  # (B, T)
