@@ -18,5 +18,6 @@ tinyscale.core and tinyscale.comm.
     memory_calculator   week-2/memory-calculator.md, workshop/deepspeed.md, week-2/zero-from-scratch.md
     fsdp                week-2/fsdp.md
     sharded_optimizer   week-4/parallelism-2d-3d.md
+    fully_sharded       week-4/zero3-any-optimizer.md
 """
 # --8<-- [end:map]
