@@ -1,13 +1,14 @@
 # --8<-- [start:map]
 """tinyscale.composed: the course's own pieces combined on one grid of ranks (2D, 3D).
 
-Tensor parallelism inside, data parallelism and ZeRO across (Week 4): built from
-tinyscale.model_parallel and tinyscale.data_parallel, which may not import each other,
-so their compositions live here. They import core, comm, data_parallel and
-model_parallel.
+Tensor parallelism inside, pipeline stages around it, data parallelism and ZeRO across
+(Week 4): built from tinyscale.model_parallel and tinyscale.data_parallel, which may not
+import each other, so their compositions live here. They import core, comm,
+data_parallel and model_parallel.
 
     module              taught on
     two_d               week-4/parallelism-2d-3d.md
+    three_d             week-4/parallelism-2d-3d.md
     ladder              week-4/parallelism-2d-3d.md
     planner             week-4/parallelism-2d-3d.md
 """

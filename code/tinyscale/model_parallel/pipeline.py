@@ -17,7 +17,7 @@ import copy
 import dataclasses
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tinyscale.comm.counter import CollectiveCounter
+from tinyscale.comm.rank_grid import RankGrid
 from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import ModelStage, TinyTransformer, cut_into_stages
@@ -124,17 +125,26 @@ class Pipeline:
     """This rank's stages and its part of a schedule. Usage, on every rank:
 
     loss = pipe.step(input_ids, targets); optimizer.step(); optimizer.zero_grad()
+
+    One pipeline over the world by default. Week 4's 3D parallelism passes a ``grid``
+    (this rank's pipeline is its line along "pp", in global ranks), a ``split`` applied
+    to each of this rank's stages (tensor parallelism) and the ``loss`` of its logits.
     """
 
     def __init__(
-        self, model: TinyTransformer, *, config: PipelineConfig, batch_shape: tuple[int, int]
-    ) -> None:
-        self.rank, self.p = dist.get_rank(), dist.get_world_size()
+        self, model: TinyTransformer, *, config: PipelineConfig, batch_shape: tuple[int, int],
+        grid: RankGrid | None = None, split: Callable[[ModelStage], ModelStage] | None = None,
+        loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = TinyTransformer.loss,
+    ) -> None:  # fmt: skip
+        grid = grid or RankGrid(pp=dist.get_world_size())
+        self.ranks = grid.group_of("pp", dist.get_rank())  # global ranks, one per stage
+        self.rank, self.p = self.ranks.index(dist.get_rank()), grid.pp  # place in the pipeline
         B, T = batch_shape
         check_pipeline(config, world=self.p, degree=self.p, batch_size=B)
-        self.config, m, v = config, config.microbatches, config.chunks
+        self.config, self.loss, m, v = config, loss, config.microbatches, config.chunks
         stages = cut_into_stages(model, split_layers(model.cfg.num_hidden_layers, self.p * v))
-        self.stages: list[ModelStage] = [stages[stage_of(self.rank, c, self.p)] for c in range(v)]
+        mine = [stages[stage_of(self.rank, c, self.p)] for c in range(v)]
+        self.stages: list[ModelStage] = [split(s) for s in mine] if split else mine
         self.last_stage = len(stages) - 1
         self.actions: list[Action] = make_schedule(config.schedule, p=self.p, m=m, v=v)[self.rank]
         self.link = StageLink(shape=(B // m, T, model.cfg.hidden_size), microbatches=m,
@@ -143,9 +153,12 @@ class Pipeline:
         # p - 1). Each gets a part of its gradient; Megatron sums them in a 2-rank group.
         self.tied = None
         if model.cfg.tie_word_embeddings and self.p > 1:
-            group = dist.new_group([0, self.p - 1])  # every rank takes part in creating it
-            if self.rank in (0, self.p - 1):
-                self.tied, self.tied_group = model.tok_emb.weight, group
+            for line in grid.groups("pp"):  # every rank takes part in creating each group
+                group = dist.new_group([line[0], line[-1]])
+                if line == self.ranks and self.rank == 0:  # the first stage's embedding
+                    self.tied, self.tied_group = self.stages[0].tok_emb.weight, group
+                elif line == self.ranks and self.rank == self.p - 1:  # the last stage's head
+                    self.tied, self.tied_group = self.stages[-1].lm_head.weight, group
         self.saved: dict[tuple[int, int], tuple] = {}  # (micro-batch, chunk) -> F's tensors
         self.activations = SavedActivations()
         self.events: list[Timed] = []
@@ -186,22 +199,24 @@ class Pipeline:
             if stage.first:
                 x = xs[mb]  # (B/m, T) token ids
             else:
-                x = self.link.recv(source=(s - 1) % self.p, kind=ACTIVATION, stage=s, mb=mb)
+                source = self.ranks[(s - 1) % self.p]
+                x = self.link.recv(source=source, kind=ACTIVATION, stage=s, mb=mb)
                 x.requires_grad_()  # (B/m, T, C): we want its gradient, to send it back
             start = time.perf_counter()
             with self.activations.tagged(key):
                 out = stage(x)  # (B/m, T, C), or the logits (B/m, T, vocab) on the last stage
                 if stage.last:  # divided by m: the m micro-batch losses add up to the mean
-                    out = TinyTransformer.loss(out, ys[mb]) / self.config.microbatches
+                    out = self.loss(out, ys[mb]) / self.config.microbatches
                     self.losses.append(out.detach())
             if not stage.last:
-                message = (out, (s + 1) % self.p, ACTIVATION, s + 1)
+                message = (out, self.ranks[(s + 1) % self.p], ACTIVATION, s + 1)
             self.saved[key] = (x, out, None)
         elif a.kind == "B":
             x, out, _ = self.saved[key]
             grad = None  # the loss needs none; other stages get it from the next stage
             if not stage.last:
-                grad = self.link.recv(source=(s + 1) % self.p, kind=GRADIENT, stage=s, mb=mb)
+                source = self.ranks[(s + 1) % self.p]
+                grad = self.link.recv(source=source, kind=GRADIENT, stage=s, mb=mb)
             start = time.perf_counter()
             if self.config.schedule != "zb-h1":  # the whole backward: weights' and x's grads
                 torch.autograd.backward(out, grad)
@@ -212,7 +227,7 @@ class Pipeline:
                 if not stage.first:
                     (dx,) = torch.autograd.grad(out, x, grad, retain_graph=True)
             if not stage.first:
-                message = (dx, (s - 1) % self.p, GRADIENT, s - 1)
+                message = (dx, self.ranks[(s - 1) % self.p], GRADIENT, s - 1)
         else:  # W: the weight gradients, off the critical path
             x, out, grad = self.saved.pop(key)
             start = time.perf_counter()
