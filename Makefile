@@ -61,7 +61,7 @@ $(VENV)/bin/python:
 
 $(STAMP): pyproject.toml | $(VENV)/bin/python
 	$(BIN)/pip install "torch==$(TORCH_VERSION)" $(TORCH_PIP_ARGS)
-	$(BIN)/pip install -e ".[docs,test,cluster]"
+	$(BIN)/pip install -e ".[docs,test,cluster,workflows]"
 	touch $(STAMP)
 
 $(MERMAID):

@@ -31,6 +31,7 @@ ALLOWED: dict[str, set[str]] = {
     "low_precision": {"core"},
     "composed": {"core", "comm", "data_parallel", "model_parallel"},
     "compat": {"core", "comm", "data_parallel", "model_parallel", "low_precision", "composed"},
+    "workflows": {"core", "comm", "data_parallel", "model_parallel", "low_precision"},
     "ops": {
         "core",
         "comm",
@@ -39,6 +40,7 @@ ALLOWED: dict[str, set[str]] = {
         "low_precision",
         "composed",
         "compat",
+        "workflows",
     },
 }
 MAP_ROW = re.compile(r"^    (?P<module>[a-z_0-9]+) +(?P<pages>\S+\.md(?:, \S+\.md)*)$")
