@@ -45,8 +45,9 @@ from tinyscale.core.checkpoint import (
 )
 from tinyscale.core.cli import add_flags, from_args
 from tinyscale.core.config import ModelConfig, load_model_config
-from tinyscale.core.data import LMData, build_datasets, get_batch
+from tinyscale.core.data import LMData, get_batch
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
+from tinyscale.core.metrics import Mirror
 from tinyscale.core.model import TinyTransformer
 from tinyscale.core.precision import autocast_context, make_scaler
 from tinyscale.core.training import (
@@ -65,22 +66,26 @@ from tinyscale.data_parallel.ddp_training import (
     save_replicated,
     tokens_per_second,
 )
+from tinyscale.workflows.shard_loader import SHARDS_NOTE, lab_datasets
+from tinyscale.workflows.wandb_log import wandb_run, wandb_setup
 
 # Lab 1's flags, with Lab 2's defaults; the flags of the failure drills are Lab 2's own
 DEFAULTS = TrainConfig(epochs=1, global_batch_size=32, checkpoint_every=50, output_dir="runs/ddp")
 FLAGS = ("config", "corpus", "epochs", "global_batch_size", "grad_accum_steps", "lr",
          "warmup_steps", "min_lr_ratio", "weight_decay", "grad_clip", "seed", "precision",
          "device", "log_every", "checkpoint_every", "max_steps", "resume", "output_dir",
-         "log_dir", "timeout_s")  # fmt: skip
+         "log_dir", "timeout_s", "wandb")  # fmt: skip
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_flags(p, DEFAULTS, FLAGS, notes={"device": "auto picks one GPU per rank, or the CPU"})
+    notes = {"device": "auto picks one GPU per rank, or the CPU", "corpus": SHARDS_NOTE}
+    add_flags(p, DEFAULTS, FLAGS, notes=notes)
     p.add_argument("--fail-rank", type=int, default=None, help="this rank raises ...")
     p.add_argument("--fail-step", type=int, default=None, help="... at this step (1st attempt)")
     p.add_argument("--hang-rank", type=int, default=None, help="this rank skips a collective ...")
     p.add_argument("--hang-step", type=int, default=None, help="... at this step")
+    p.add_argument("--wandb-every-rank", action="store_true", help="with --wandb: a run per rank")
     args = p.parse_args(argv)
     args.cfg = from_args(DEFAULTS, args)  # every TrainConfig flag is checked here
     return args
@@ -121,6 +126,8 @@ def check_inputs(args: argparse.Namespace) -> Run:
             raise UsageError(
                 f"--{flag}-rank {rank} is outside the world: ranks are 0..{env.world_size - 1}"
             )
+    if args.wandb_every_rank and cfg.wandb is None:
+        raise UsageError("--wandb-every-rank needs --wandb offline or --wandb online")
     split = BatchSplit(
         global_batch_size=cfg.global_batch_size,
         grad_accum_steps=cfg.grad_accum_steps,
@@ -175,8 +182,11 @@ def log_line(stats: StepStats, total: int, global_loss: float, sync: float) -> s
 
 
 # --8<-- [start:setup]
-def train(run: Run, data: LMData) -> dict[str, Any]:
-    """The Lab 1 loop, distributed: the same steps, each on a shard of the global batch."""
+def train(run: Run, data: LMData, tracker: Mirror | None = None) -> dict[str, Any]:
+    """The Lab 1 loop, distributed: the same steps, each on a shard of the global batch.
+
+    ``tracker``, a W&B run (--wandb), gets each step's numbers as this rank sees them.
+    """
     env, device, cfg, split, args = run.env, run.device, run.cfg, run.split, run.args
     log = rank_logger(env, cfg.log_dir)
     seed_everything(cfg.seed)  # every rank builds the same initial weights ...
@@ -215,8 +225,9 @@ def train(run: Run, data: LMData) -> dict[str, Any]:
                 raise RuntimeError(f"injected failure on rank {env.rank} at step {step + 1}")
             t0 = time.perf_counter()
             x, y = get_batch(data.train, indices, device)  # (micro x accum, T) each
+            lr = lr_at(step, cfg, plan.total_steps)
             for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, cfg, plan.total_steps)
+                group["lr"] = lr
             optimizer.zero_grad(set_to_none=True)
             micro = list(
                 zip(x.split(split.micro_batch_size), y.split(split.micro_batch_size), strict=False)
@@ -229,7 +240,7 @@ def train(run: Run, data: LMData) -> dict[str, Any]:
             )  # after this, p.grad is the same on every rank: the average over all of them
             if scaler is not None:
                 scaler.unscale_(optimizer)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             scaler.step(optimizer) if scaler is not None else optimizer.step()
             if scaler is not None:
                 scaler.update()
@@ -253,6 +264,10 @@ def train(run: Run, data: LMData) -> dict[str, Any]:
                 raise RuntimeError(f"parameters diverged across ranks at step {step}: {sync}")
             if step % cfg.log_every == 0 or step == plan.stop_at:
                 log.info(log_line(stats, plan.total_steps, last_global, sync))
+            if tracker is not None:  # every step: this rank's loss and speed, the job's loss
+                values = dict(loss=loss, global_loss=last_global, lr=lr, grad_norm=grad_norm.item())
+                values |= {name: fn(stats) for name, fn in RANK_METRICS.items()}
+                tracker.log({f"train/{k}": v for k, v in values.items()}, step=step)
             if step % cfg.checkpoint_every == 0 or step == plan.stop_at:
                 state = training_state(model=model, optimizer=optimizer, cfg=cfg, step=step,
                                        epoch=step // plan.steps_per_epoch, device=device,
@@ -308,7 +323,7 @@ def train(run: Run, data: LMData) -> dict[str, Any]:
 # --8<-- [start:main]
 def main(argv: Sequence[str] | None = None) -> int:
     run = check_inputs(parse_args(argv))  # all checks first: a bad flag fails every rank alike
-    data = build_datasets(
+    data = lab_datasets(  # with --corpus shards:DIR, each rank reads only its blocks
         corpus=run.cfg.corpus,
         vocab_size=run.model_cfg.vocab_size,
         block_size=run.model_cfg.max_position_embeddings,
@@ -321,8 +336,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise UsageError(
             f"the checkpoint is at step {run.resume['step']}, the end of this run: raise --epochs"
         )
-    with distributed(run.cfg.device, timeout_s=run.cfg.timeout_s):  # joins, always leaves
-        train(run, data)
+    setup = wandb_setup(run.cfg.wandb, run.cfg.output_dir, rank=run.env.rank,
+                        every_rank=run.args.wandb_every_rank)  # fmt: skip
+    config = dataclasses.asdict(run.cfg) | {"rank": run.env.rank, "world_size": run.env.world_size}
+    with (
+        distributed(run.cfg.device, timeout_s=run.cfg.timeout_s),  # joins, always leaves
+        wandb_run(setup, config=config) as tracker,  # None without --wandb
+    ):
+        train(run, data, tracker)
     return 0
 
 

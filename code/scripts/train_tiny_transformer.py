@@ -6,6 +6,7 @@ Resume:  python code/scripts/train_tiny_transformer.py --epochs 2 --resume runs/
 """
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,22 +14,23 @@ from pathlib import Path
 from tinyscale.core.checkpoint import latest_checkpoint, load_checkpoint
 from tinyscale.core.cli import add_flags, from_args
 from tinyscale.core.config import load_model_config
-from tinyscale.core.data import build_datasets
 from tinyscale.core.device import select_device
 from tinyscale.core.errors import ArgumentParser, run_cli
 from tinyscale.core.model import TinyTransformer
 from tinyscale.core.training import TrainConfig, seed_everything, train
+from tinyscale.workflows.shard_loader import SHARDS_NOTE, lab_datasets
+from tinyscale.workflows.wandb_log import wandb_run, wandb_setup
 
 DEFAULTS = TrainConfig()  # Lab 1's defaults are TrainConfig's own
 FLAGS = ("config", "corpus", "epochs", "global_batch_size", "lr", "warmup_steps",
          "min_lr_ratio", "weight_decay", "grad_clip", "seed", "device", "eval_every",
-         "checkpoint_every", "max_steps", "resume", "output_dir", "progress")  # fmt: skip
+         "checkpoint_every", "max_steps", "resume", "output_dir", "progress", "wandb")  # fmt: skip
 
 
 def parse_args(argv: Sequence[str] | None) -> TrainConfig:
     """Every flag is a field of TrainConfig (tinyscale.core.cli); --help lists them."""
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_flags(p, DEFAULTS, FLAGS)
+    add_flags(p, DEFAULTS, FLAGS, notes={"corpus": SHARDS_NOTE})
     return from_args(DEFAULTS, p.parse_args(argv))  # every value is checked here
 
 
@@ -49,7 +51,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     resume = load_checkpoint(path, expect=model_cfg) if path else None
 
     seed_everything(cfg.seed)
-    data = build_datasets(
+    data = lab_datasets(  # the text, or with --corpus shards:DIR, shards made before
         corpus=cfg.corpus,
         vocab_size=model_cfg.vocab_size,
         block_size=model_cfg.max_position_embeddings,
@@ -60,7 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{len(data.train):,} training blocks, {len(data.heldout):,} held-out blocks "
         f"of {model_cfg.max_position_embeddings} tokens"
     )
-    result = train(model, data, cfg, device, resume=resume)
+    config = {**dataclasses.asdict(cfg), "model": dataclasses.asdict(model_cfg)}
+    with wandb_run(wandb_setup(cfg.wandb, cfg.output_dir), config=config) as run:  # --wandb
+        result = train(model, data, cfg, device, resume=resume, mirror=run)
     print(
         f"done: {result.steps} steps in {result.seconds:.1f} s ({result.tokens_per_second:,.0f} tokens/s) | "
         f"held-out loss {result.first_heldout_loss:.3f} -> {result.final_heldout_loss:.3f} | "

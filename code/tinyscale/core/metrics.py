@@ -6,11 +6,20 @@ Try it:  tensorboard --logdir runs   (after a training run; then open http://loc
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+WANDB_MODES = ("offline", "online")  # --wandb: W&B writes files to sync later, or uploads live
 
 # matplotlib and TensorBoard are imported where they are used, not here: together they
 # cost every process that imports this module (each rank of a job) about half a second.
+
+
+class Mirror(Protocol):
+    """Where else the values go: anything with ``log(values, step=)``, such as a W&B run."""
+
+    def log(self, data: dict[str, Any], *, step: int) -> Any: ...
 
 
 class MetricsLogger:
@@ -18,12 +27,15 @@ class MetricsLogger:
 
     On resume, pass the history saved in the checkpoint: the records after the
     checkpoint's step are dropped, so the curve continues exactly where it was saved.
+    A ``mirror`` (a W&B run: tinyscale.workflows.wandb_log) gets every value as well.
     """
 
     def __init__(
-        self, output_dir: Path, *, history: list[dict[str, Any]] | None = None, resume_step: int = 0
-    ) -> None:
+        self, output_dir: Path, *, history: list[dict[str, Any]] | None = None,
+        resume_step: int = 0, mirror: Mirror | None = None,
+    ) -> None:  # fmt: skip
         self.path = output_dir / "metrics.jsonl"
+        self.mirror = mirror
         self.records = [r for r in (history or []) if r["step"] <= resume_step]
         # purge_step: TensorBoard hides older events from this step on: those an interrupted
         # run wrote after its checkpoint, or all of an earlier run in the same directory
@@ -32,10 +44,18 @@ class MetricsLogger:
 
         self.tensorboard = SummaryWriter(output_dir / "tensorboard", purge_step=purge_step)
 
-    def log(self, step: int, split: str, **values: float) -> None:
+    def log(
+        self, step: int, split: str, *, measured: Mapping[str, float] | None = None,
+        **values: float,
+    ) -> None:  # fmt: skip
+        """Record ``values``; ``measured`` ones (tokens/s) go to the mirror only: they time
+        this machine, so a resumed run could not reproduce them in the history."""
         self.records.append({"step": step, "split": split, **values})
         for name, value in values.items():
             self.tensorboard.add_scalar(f"{split}/{name}", value, step)
+        if self.mirror is not None:
+            both = {**values, **(measured or {})}
+            self.mirror.log({f"{split}/{name}": value for name, value in both.items()}, step=step)
 
     def flush(self) -> None:
         """Rewrite metrics.jsonl atomically and flush TensorBoard."""

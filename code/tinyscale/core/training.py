@@ -25,7 +25,7 @@ from tinyscale.core.config import DEFAULT_CONFIG_PATH
 from tinyscale.core.data import LMData, TokenBlocks, epoch_batches, get_batch
 from tinyscale.core.device import DEVICES
 from tinyscale.core.errors import UsageError
-from tinyscale.core.metrics import MetricsLogger, plot_loss_curves
+from tinyscale.core.metrics import WANDB_MODES, MetricsLogger, Mirror, plot_loss_curves
 from tinyscale.core.model import TinyTransformer
 from tinyscale.core.precision import PRECISIONS
 
@@ -60,6 +60,7 @@ class TrainConfig:
     log_dir: str = option("logs", "one train.log per rank, in rank_<N>/")
     timeout_s: float = option(60.0, "seconds a collective may wait for the other ranks")
     progress: bool | None = option(None, "the progress bar (shown only in a terminal)")
+    wandb: str | None = option(None, "off (default), offline or online: Weights & Biases logging")
 
     def __post_init__(self) -> None:
         """Check every value, whichever script set it: one line that names the flag."""
@@ -76,6 +77,10 @@ class TrainConfig:
         if self.precision is not None and self.precision not in PRECISIONS:
             raise UsageError(
                 f"unknown precision {self.precision!r}: use one of {', '.join(PRECISIONS)}"
+            )
+        if self.wandb is not None and self.wandb not in WANDB_MODES:
+            raise UsageError(
+                f"unknown --wandb mode {self.wandb!r}: use offline or online, or leave --wandb out"
             )
         if self.device not in DEVICES:
             raise UsageError(f"unknown device '{self.device}': use one of {', '.join(DEVICES)}")
@@ -233,8 +238,12 @@ def train(
     device: torch.device,
     *,
     resume: dict[str, Any] | None = None,
+    mirror: Mirror | None = None,
 ) -> TrainResult:
-    """Train for cfg.epochs; evaluate, log and checkpoint on the way; resume exactly."""
+    """Train for cfg.epochs; evaluate, log and checkpoint on the way; resume exactly.
+
+    ``mirror``, a W&B run, gets every logged value too, and each step's tokens/s.
+    """
     out = Path(cfg.output_dir)
     batches_per_epoch = len(data.train) // cfg.global_batch_size
     plan = plan_steps(batches_per_epoch, cfg, samples=len(data.train))
@@ -248,7 +257,8 @@ def train(
         raise UsageError(
             f"the checkpoint is at step {step}, the end of this run: raise {flag} to train further"
         )
-    logger = MetricsLogger(out, history=resume["history"] if resume else None, resume_step=step)
+    history = resume["history"] if resume else None
+    logger = MetricsLogger(out, history=history, resume_step=step, mirror=mirror)
     remove_stale_temps(out / "checkpoints")  # left by a save that was killed mid-write
     # --8<-- [end:train_setup]
 
@@ -292,10 +302,12 @@ def train(
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             optimizer.step()  # update: p -= lr * adam_direction(p.grad)
             step += 1
-            trained_seconds += time.perf_counter() - t0
+            seconds = time.perf_counter() - t0
+            trained_seconds += seconds
             logger.log(
-                step, "train", loss=loss.item(), lr=lr, grad_norm=grad_norm.item(), epoch=epoch + 1
-            )
+                step, "train", loss=loss.item(), lr=lr, grad_norm=grad_norm.item(), epoch=epoch + 1,
+                measured={"tokens_per_second": tokens_per_step / seconds},
+            )  # fmt: skip
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.3f}")
             if step % cfg.eval_every == 0 or step == plan.total_steps:  # not at an early stop:
