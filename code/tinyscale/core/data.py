@@ -125,11 +125,12 @@ def download_corpus(name: str, *, url: str | None = None) -> Path:
             f"corpus '{name}' has SHA-256 {digest[:12]}..., expected {spec.sha256[:12]}...: "
             "the file changed upstream; use --corpus stdlib or a local file"
         )
-    _atomic_write_bytes(dest, payload)  # never a half-written file in the cache
+    write_atomic(dest, payload)  # never a half-written file in the cache
     return dest
 
 
-def _atomic_write_bytes(dest: Path, payload: bytes) -> None:
+def write_atomic(dest: Path, payload: bytes) -> None:
+    """Write to a temp file beside ``dest``, then rename: a reader sees all or nothing."""
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -164,7 +165,7 @@ def train_tokenizer(documents: list[str], vocab_size: int) -> Tokenizer:
     )
     tokenizer.train_from_iterator(documents, trainer=trainer)
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write_bytes(path, tokenizer.to_str().encode())
+    write_atomic(path, tokenizer.to_str().encode())
     return tokenizer
 
 
@@ -250,7 +251,7 @@ def encode_corpus(tokenizer: Tokenizer, documents: list[str]) -> torch.Tensor:
     buffer = io.BytesIO()
     torch.save(tokens.to(torch.int32), buffer)  # half the bytes; any vocabulary fits
     path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write_bytes(path, buffer.getvalue())
+    write_atomic(path, buffer.getvalue())
     return tokens
 
 

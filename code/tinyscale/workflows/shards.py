@@ -11,8 +11,6 @@ tokenizer made the ids. It is written last: a directory without one is unfinishe
 
 import hashlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ import torch.distributed as dist
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from tinyscale.core.data import build_datasets
+from tinyscale.core.data import build_datasets, write_atomic
 from tinyscale.core.errors import UsageError
 
 INDEX = "index.json"
@@ -68,17 +66,6 @@ def tokenize_once(spec: ShardSpec) -> tuple[Tokenizer, dict[str, np.ndarray]]:
     dtype = token_dtype(spec.vocab_size)
     streams = {"train": data.train.tokens, "heldout": data.heldout.tokens}
     return data.tokenizer, {split: t.numpy().astype(dtype) for split, t in streams.items()}
-
-
-def write_atomic(path: Path, payload: bytes) -> None:
-    """Write to a temp file beside ``path``, then rename: a reader sees all or nothing."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)  # still there only if the write failed
 
 
 def sha256_file(path: Path) -> str:
