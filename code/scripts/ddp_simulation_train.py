@@ -16,7 +16,6 @@ import argparse
 import dataclasses
 import json
 import os
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -32,6 +31,7 @@ from tinyscale.comm.dist import (
     device_for,
     dist_env,
     distributed,
+    exit_without_teardown,
     rank_logger,
     rank_spread,
 )
@@ -353,5 +353,5 @@ def cli() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(cli())
+    exit_without_teardown(cli())  # a finished run must not die in the teardown
 # --8<-- [end:main]

@@ -4,6 +4,8 @@ two-process gloo group joined and left through `distributed()`.
 """
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -119,3 +121,17 @@ def test_two_processes_join_reduce_and_leave(tmp_path: Path) -> None:
     for rank in (0, 1):
         assert (tmp_path / f"{rank}.txt").read_text() == "gloo 3.0 cpu"
         assert (tmp_path / f"{rank}.left").read_text() == "False"  # the group was destroyed
+
+
+def test_exit_without_teardown_flushes_and_exits_with_the_code(tmp_path: Path) -> None:
+    program = (
+        "import logging; from tinyscale.comm.dist import exit_without_teardown\n"
+        f"logging.basicConfig(filename={str(tmp_path / 'run.log')!r})\n"
+        "logging.getLogger().warning('logged'); print('printed', end='')\n"
+        "exit_without_teardown(3)\n"
+        "print('never')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert (done.returncode, done.stdout) == (3, "printed")
+    assert "logged" in (tmp_path / "run.log").read_text()
