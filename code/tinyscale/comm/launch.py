@@ -83,6 +83,9 @@ class RankFailed(RuntimeError):
     """A rank raised, died, or missed the deadline; the message names the rank."""
 
 
+JOIN_TIMEOUT_S = 60.0  # how long a rank waits for the others to join the group
+
+
 def _worker(
     rank: int,
     world_size: int,
@@ -111,8 +114,10 @@ def _worker(
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
             world_size=world_size,
-            timeout=timedelta(seconds=timeout_s),  # bounds every collective: no silent hang
+            # joining waits for the slowest rank to start: seconds on a loaded machine
+            timeout=timedelta(seconds=max(timeout_s, JOIN_TIMEOUT_S)),
         )
+        dist.set_timeout(timedelta(seconds=timeout_s))  # bounds every collective: no silent hang
     except BaseException:
         results.put((rank, False, traceback.format_exc()))
         return
