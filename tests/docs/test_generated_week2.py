@@ -50,3 +50,11 @@ def test_one_cheap_round_runs_every_variant(tool) -> None:
     for name, tokens_per_s in fresh.items():
         was = recorded[name]
         assert was / TIMING_FACTOR < tokens_per_s < was * TIMING_FACTOR, (name, tokens_per_s)
+
+
+def test_the_zero_table_is_the_benchmarks_report_of_the_recorded_rows() -> None:
+    tool = load_tool("figures_week2_zero_bench")
+    bench = tool.load_bench()
+    rows = json.loads((RECORDED / "zero_bench.json").read_text())
+    assert [r["variant"] for r in rows[:-1]] == list(bench.VARIANTS)
+    assert (RECORDED / "zero_bench.txt").read_text() == bench.report(rows) + "\n"

@@ -27,7 +27,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from tinyscale.comm.dist import require_process_group
 from tinyscale.core.errors import UsageError
 from tinyscale.core.memory import measured_state_bytes, storage_bytes
-from tinyscale.data_parallel.zero import Unit, ZeRO
+from tinyscale.data_parallel.zero import Unit, ZeRO, install_gather_hooks
 
 # --8<-- [end:header]
 
@@ -121,20 +121,9 @@ class FullyShardedModel(nn.Module):
 
     def _install_hooks(self, module: nn.Module, unit: Unit) -> None:
         """Gather before forward, free after; gather again when backward reaches the outputs;
-        reduce-scatter once the unit's last gradient has arrived."""
-
-        def before(mod: nn.Module, args: Any) -> None:
-            self._gather(unit)
-
-        def after(mod: nn.Module, args: Any, output: Any) -> None:
-            outs = output if isinstance(output, tuple) else (output,)
-            for out in outs:
-                if isinstance(out, torch.Tensor) and out.requires_grad:
-                    out.register_hook(lambda grad: self._gather(unit))
-            self._free(unit)
-
-        module.register_forward_pre_hook(before)
-        module.register_forward_hook(after)
+        reduce-scatter once the unit's last gradient has arrived (Week 2's hooks)."""
+        gather = functools.partial(self._gather, unit)
+        install_gather_hooks(module, forward=gather, backward=gather, free=lambda: self._free(unit))
         for p in unit.params:
             p.register_post_accumulate_grad_hook(lambda p: self._reduce_scatter(unit))
 

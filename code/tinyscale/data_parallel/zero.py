@@ -16,7 +16,10 @@ Only core collectives: all_reduce, reduce_scatter_single, all_gather_single, bro
 (torch 2.14's names for reduce_scatter_tensor and all_gather_into_tensor).
 """
 
+import functools
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -72,15 +75,36 @@ class Unit:
 
     def flat_grads(self) -> torch.Tensor:
         """The unit's gradients in one padded buffer (a new tensor: stages 2 and 3)."""
-        out = torch.zeros_like(self.flat)
-        offset = 0
-        for p in self.params:
-            out[offset : offset + p.numel()].copy_(p.grad.flatten())
-            offset += p.numel()
-        return out
+        padding = self.flat.new_zeros(self.flat.numel() - self.numel)
+        return torch.cat([*(p.grad.reshape(-1) for p in self.params), padding])  # one copy
 
 
 # --8<-- [end:unit]
+
+
+# --8<-- [start:hooks]
+def install_gather_hooks(
+    module: nn.Module, *, forward: Callable[[], None], backward: Callable[[], None],
+    free: Callable[[], None],
+) -> None:  # fmt: skip
+    """Stage 3's hooks: ``forward()`` before the module's forward (gather its unit),
+    ``free()`` after it, ``backward()`` when backward reaches the module's outputs."""
+
+    def before(mod: nn.Module, args: Any) -> None:
+        forward()
+
+    def after(mod: nn.Module, args: Any, output: Any) -> None:
+        outs = output if isinstance(output, tuple) else (output,)
+        for out in outs:
+            if isinstance(out, torch.Tensor) and out.requires_grad:
+                out.register_hook(lambda grad: backward())
+        free()
+
+    module.register_forward_pre_hook(before)
+    module.register_forward_hook(after)
+
+
+# --8<-- [end:hooks]
 
 
 # --8<-- [start:adamw]
@@ -232,20 +256,8 @@ class ZeRO(nn.Module):
         self.sample()
 
     def _install_gather_hooks(self, module: nn.Module, unit: Unit) -> None:
-        """Gather before forward, free after; gather again when backward reaches the outputs."""
-
-        def before(mod, args):
-            self._gather(unit)
-
-        def after(mod, args, output):
-            outs = output if isinstance(output, tuple) else (output,)
-            for out in outs:
-                if isinstance(out, torch.Tensor) and out.requires_grad:
-                    out.register_hook(lambda grad: self._gather(unit))
-            self._free(unit)
-
-        module.register_forward_pre_hook(before)
-        module.register_forward_hook(after)
+        gather = functools.partial(self._gather, unit)
+        install_gather_hooks(module, forward=gather, backward=gather, free=lambda: self._free(unit))
 
     # --8<-- [end:stage3]
 

@@ -25,6 +25,7 @@ import torch
 from helpers import prose, said
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.errors import UsageError
+from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel.memory_calculator import zero_state_bytes, zero_step_bytes
 from tinyscale.data_parallel.zero import FlatAdamW, ZeRO
 from tinyscale.data_parallel.zero_vs_ddp import bad_world_size, compare_stages
@@ -207,8 +208,24 @@ def test_benchmark_measures_every_stage_side_by_side() -> None:
         table = bench.rows(rounds=1, steps=1)
     finally:
         sys.path.remove(str(path.parent))
-    assert [r["stage"] for r in table] == [0, 1, 2, 3]
+    *table, costs = table
+    assert [r["variant"] for r in table] == list(bench.VARIANTS)
     assert all(r["tokens_per_s"] > 0 for r in table)
     sent = [r["bytes_sent_per_step"] for r in table]
     assert sent[0] == sent[1] == sent[2] > 0
     assert sent[3] == pytest.approx(1.5 * sent[0], rel=1e-12)
+    model = TinyTransformer(bench.CFG)
+    root = sum(p.numel() for p in model.parameters()) - sum(
+        p.numel() for p in model.blocks.parameters()
+    )
+    assert sent[4] == sent[5] == sent[3] - 4 * math.ceil(root / 2)  # the root stays for backward
+    peak = {r["variant"]: r["peak_bytes"] for r in table}
+    block = 4 * sum(p.numel() for p in model.blocks[0].parameters())
+    assert peak["3 + prefetch"] - peak["3"] == block  # one block gathered early
+    assert costs["block_bytes"] == block
+    assert list(costs["collective_ms"]) == list(bench.COLLECTIVES)
+    assert all(ms > 0 for ms in costs["collective_ms"].values())
+    assert (
+        bench.report([*table, costs], rounds=1).count("\n")
+        == len(table) + len(costs["collective_ms"]) + 3
+    )
