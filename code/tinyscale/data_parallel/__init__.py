@@ -15,6 +15,7 @@ tinyscale.core and tinyscale.comm.
     ddp_buckets         week-1/ddp-from-scratch.md
     zero                week-2/zero-from-scratch.md
     zero_vs_ddp         week-2/zero-from-scratch.md
+    zero_prefetch       week-2/zero-from-scratch.md
     memory_calculator   week-2/memory-calculator.md, workshop/deepspeed.md, week-2/zero-from-scratch.md
     fsdp                week-2/fsdp.md
     sharded_optimizer   week-4/parallelism-2d-3d.md
