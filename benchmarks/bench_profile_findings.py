@@ -81,6 +81,13 @@ VARIANTS: dict[str, Callable[[], tuple]] = {
 }
 
 
+LIMITS = """\
+Here: one thread; MFU is measured against that thread's own fp32 matmul peak, and the
+wider models reach more of it because their matmuls are bigger. On a GPU the peak is the
+data sheet's dense bf16 figure, far above what a model this small can use: the same
+fixes (no dropout RNG, fused optimizer, compile) matter more there, launches being dearer."""
+
+
 def main() -> None:
     torch.set_num_threads(1)
     for line in profile_lines():

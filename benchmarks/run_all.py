@@ -1,8 +1,9 @@
 """Run every benchmark: `make bench`.
 
 Each benchmarks/bench_*.py has a `main()` that measures its variants side by side, in
-one process and one run, and prints ratios against a baseline. Timings live here, never
-in pass/fail tests.
+one process and one run, and prints ratios against a baseline; then run_all prints its
+LIMITS: what bounds it on a 2-core machine, and what would change on GPUs with NCCL.
+Timings live here, never in pass/fail tests.
 """
 
 import importlib
@@ -20,6 +21,7 @@ def main() -> int:
         module = importlib.import_module(path.stem)
         print(f"== {path.name}: {(module.__doc__ or '').strip().splitlines()[0]}")
         module.main()
+        print(f"What limits it: {module.LIMITS}\n")  # this machine's limits, and a GPU's
     return 0
 
 
