@@ -469,3 +469,13 @@ def test_self_check_coverage() -> None:
     # A whole-file include covers everything.
     whole = dataclasses.replace(include, section=None)
     assert uncovered(EXAMPLE_MODULE, sections, [whole]) == []
+
+
+def test_serve_rebuilds_when_an_included_module_changes() -> None:
+    """`make serve` watches docs/ by itself; the modules the pages include live in code/."""
+    from mkdocs.config import load_config
+
+    from helpers import ROOT
+
+    config = load_config(str(ROOT / "mkdocs.yml"))
+    assert ROOT / "code" in {Path(path).resolve() for path in config["watch"]}
