@@ -1,11 +1,11 @@
-"""Regenerate the benchmark table and the bucket-size plot of docs/week-1/ddp-from-scratch.md.
+"""Regenerate the benchmark tables and the bucket-size plot of docs/week-1/ddp-from-scratch.md.
 
 Run:  python tools/figures_week1_ddp.py
 
-Runs benchmarks/bench_ddp.py's measurement once (about 40 s on 2 CPU cores: 2 ranks over
-gloo) and writes docs/generated/week1/ddp_bench.md (the table the page includes),
-ddp_bench.json (the same rows) and ddp_bucket_sweep.png (tokens/s vs bucket size).
-Timings: run it on a quiet machine.
+Runs benchmarks/bench_ddp.py's measurement once (about 2 minutes on 2 CPU cores: 2 ranks
+over gloo) and writes docs/generated/week1/ddp_bench.md (steps 1-3 and the bucket sweep),
+ddp_ablation.md (step 4, one change at a time), ddp_bench.json (every row) and
+ddp_bucket_sweep.png (tokens/s vs bucket size). Timings: run it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -34,23 +34,69 @@ def load_bench():
     return module
 
 
-def table(bench, rows: list[dict]) -> str:
-    lines = [
-        "| variant | bucket cap | tokens/s | vs torch DDP |",
-        "|---|---:|---:|---:|",
-    ]
-    for r in rows:
-        cap = "—" if r["kind"] == "naive" else f"{r['bucket_cap_mb']:g} MB"
-        lines.append(
-            f"| {r['variant']} | {cap} | {r['tokens_per_s']:,.0f} | {r['vs_torch']:.2f}× |"
-        )
-    lines.append("")
-    lines.append(
+LESSON = ("torch", "naive", "bucketed", "overlapped")  # steps 1-3; the rest is step 4's ablation
+
+
+def iqr(r: dict) -> str:
+    """The per-round ratio's middle half: 25th to 75th percentile over the rounds."""
+    _, q1, _, q3, _ = r["ratio_quartiles"]
+    return f"{q1:.2f}–{q3:.2f}"
+
+
+def caption(bench, rows: list[dict]) -> str:
+    return (
         f"*World size {bench.WORLD} on 2 CPU cores (gloo over loopback, 1 thread per rank), "
         f"{rows[0]['grad_mb']:.1f} MB of fp32 gradients, batch {bench.BATCH}×{bench.SEQ} tokens "
-        f"per rank; median of {bench.ROUNDS} interleaved rounds × {bench.STEPS} steps. "
-        "Recorded by `python tools/figures_week1_ddp.py`.*"
+        f"per rank; median of {bench.ROUNDS} interleaved rounds × {bench.STEPS} steps; "
+        "per-round IQR: the middle half of the rounds' ratios to the same round's torch DDP "
+        "(min and max in ddp_bench.json). Recorded by `python tools/figures_week1_ddp.py`.*"
     )
+
+
+def table(bench, rows: list[dict]) -> str:
+    lines = [
+        "| variant | bucket cap | tokens/s | vs torch DDP | per-round IQR |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        if r["kind"] not in LESSON:
+            continue
+        cap = "—" if r["kind"] == "naive" else f"{r['bucket_cap_mb']:g} MB"
+        lines.append(
+            f"| {r['variant']} | {cap} | {r['tokens_per_s']:,.0f} | {r['vs_torch']:.2f}× "
+            f"| {iqr(r)} |"
+        )
+    return "\n".join([*lines, "", caption(bench, rows)]) + "\n"
+
+
+def ablation_table(bench, rows: list[dict]) -> str:
+    """Step 3's copying DDP, then one change at a time, at each of the ablation's caps."""
+    caps = list(bench.ABLATION_MB)
+    steps = ["overlapped", *bench.STEPS_OF_4]
+    cell = {(r["kind"], r["bucket_cap_mb"]): r for r in rows}
+    head = "| change | " + " | ".join(
+        f"{c:g} MB: tokens/s | vs torch DDP | per-round IQR" for c in caps
+    )
+    lines = [head + " |", "|---|" + "---:|---:|---:|" * len(caps)]
+    for kind in steps:
+        name = "copy (step 3)" if kind == "overlapped" else kind
+        cells = [cell[kind, c] for c in caps]
+        lines.append(
+            f"| {name} | "
+            + " | ".join(
+                f"{r['tokens_per_s']:,.0f} | {r['vs_torch']:.2f}× | {iqr(r)}" for r in cells
+            )
+            + " |"
+        )
+    torch_row = cell["torch", 25.0]
+    default = cell["torch default", 25.0]
+    lines += [
+        "",
+        f"*torch DDP (`bucket_cap_mb=25`), the reference: {torch_row['tokens_per_s']:,.0f} "
+        f"tokens/s; torch DDP with its defaults (`bucket_cap_mb=None`: 25 MB and a 1 MB first "
+        f"bucket): {default['tokens_per_s']:,.0f} tokens/s, {default['vs_torch']:.2f}× "
+        f"(per-round IQR {iqr(default)}). " + caption(bench, rows).removeprefix("*"),
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -63,6 +109,14 @@ def sweep_plot(rows: list[dict]) -> None:
         [r["tokens_per_s"] for r in sweep],
         "o-",
         label="ours: overlapped",
+    )
+    step4 = [r for r in rows if r["kind"] == "views + first bucket + lean hooks"]
+    ax.plot(
+        [r["bucket_cap_mb"] for r in step4],
+        [r["tokens_per_s"] for r in step4],
+        "s",
+        color="C1",
+        label="ours: step 4, views + first bucket + lean hooks",
     )
     styles = {"torch": ("k--", "torch DDP (25 MB)"), "bucketed": ("g:", "ours: bucketed, no overlap (25 MB)"), "naive": ("r-.", "ours: naive")}  # fmt: skip
     for kind, (style, label) in styles.items():
@@ -85,9 +139,10 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "ddp_bench.json").write_text(json.dumps(rows, indent=1) + "\n")
     (OUT / "ddp_bench.md").write_text(table(bench, rows))
+    (OUT / "ddp_ablation.md").write_text(ablation_table(bench, rows))
     sweep_plot(rows)
     print(bench.report(rows))
-    for name in ("ddp_bench.md", "ddp_bench.json", "ddp_bucket_sweep.png"):
+    for name in ("ddp_bench.md", "ddp_ablation.md", "ddp_bench.json", "ddp_bucket_sweep.png"):
         print(f"wrote {(OUT / name).relative_to(ROOT)}")
     return 0
 

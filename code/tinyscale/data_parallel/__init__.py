@@ -13,6 +13,7 @@ tinyscale.core and tinyscale.comm.
     data_sharding       week-1/data-sharding.md
     ddp                 week-1/ddp-from-scratch.md
     ddp_buckets         week-1/ddp-from-scratch.md
+    ddp_views           week-1/ddp-from-scratch.md
     zero                week-2/zero-from-scratch.md
     zero_vs_ddp         week-2/zero-from-scratch.md
     zero_prefetch       week-2/zero-from-scratch.md

@@ -16,7 +16,7 @@ import contextlib
 import copy
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -57,15 +57,28 @@ class Bucket:
 
 
 # --8<-- [start:bucketed]
+def check_megabytes(name: str, mb: object) -> None:
+    """A bucket size must be a positive, finite number of MB (MiB, as torch counts them)."""
+    if not (isinstance(mb, int | float) and 0 < mb < math.inf):
+        raise UsageError(
+            f"{name} must be a positive number of MB, got {mb!r}: "
+            "use e.g. 25 (torch's default cap), 1 (its first bucket) or 0.1 for a small model"
+        )
+
+
 class BucketedDDP(NaiveDDP):
     """Step 2: one all-reduce per bucket of gradients instead of one per tensor."""
 
-    def __init__(self, module: nn.Module, *, bucket_cap_mb: float = 25.0) -> None:
-        if not (isinstance(bucket_cap_mb, int | float) and 0 < bucket_cap_mb < math.inf):
-            raise UsageError(
-                f"bucket_cap_mb must be a positive number of MB, got {bucket_cap_mb!r}: "
-                "use e.g. 25 (torch's default) or 0.1 for a small model"
-            )
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        bucket_cap_mb: float = 25.0,
+        first_bucket_mb: float | None = None,
+    ) -> None:
+        check_megabytes("bucket_cap_mb", bucket_cap_mb)
+        if first_bucket_mb is not None:  # None: the first bucket is like the others
+            check_megabytes("first_bucket_mb", first_bucket_mb)
         super().__init__(module)
         if len({(p.dtype, p.device) for p in self.params}) > 1:
             raise UsageError(
@@ -78,7 +91,10 @@ class BucketedDDP(NaiveDDP):
         order = self.params[::-1]
         sizes = [p.numel() * p.element_size() for p in order]
         self.buckets = []
-        for index, members in enumerate(assign_buckets(sizes, cap_bytes=int(bucket_cap_mb * MiB))):
+        # step 4 (ddp_views) caps the first bucket lower, as torch's DDP: it is sent sooner
+        first = None if first_bucket_mb is None else int(min(first_bucket_mb, bucket_cap_mb) * MiB)
+        plan = assign_buckets(sizes, cap_bytes=int(bucket_cap_mb * MiB), first_cap_bytes=first)
+        for index, members in enumerate(plan):
             params = [order[i] for i in members]
             numels = [p.numel() for p in params]
             buffer = params[0].new_zeros(sum(numels))  # same dtype and device
@@ -173,11 +189,13 @@ class OverlappedDDP(BucketedDDP):
                 "no gradient arrived since the last synchronisation: call loss.backward() "
                 "(outside no_sync()) before finish_gradient_synchronization()"
             )
-        # A parameter that got no gradient this step (unused on this rank) never fired
-        # its hook: it contributes zeros, so its bucket completes and no rank hangs.
+        # A parameter that got no gradient in this backward (unused on this rank) never
+        # fired its hook: it contributes what it has (earlier no_sync micro-batches) or
+        # zeros, so its bucket completes and no rank hangs.
         for bucket in self.buckets[self._next_bucket :]:
             for i in bucket.pending:
-                bucket.views[i].zero_()
+                grad = bucket.params[i].grad
+                bucket.views[i].copy_(grad) if grad is not None else bucket.views[i].zero_()
             bucket.pending.clear()
         self._launch_full_buckets()
         for bucket in self.buckets:
@@ -224,6 +242,7 @@ def compare_with_torch_ddp(
     optimizer: str = "sgd",
     lr: float = 0.1,
     seed: int = 0,
+    variants: Mapping[str, Callable[[nn.Module, float], nn.Module]] = VARIANTS,
 ) -> dict[str, dict[str, Any]]:
     """Train our three DDPs and torch's from the same init on the same data; call on every rank.
 
@@ -234,6 +253,7 @@ def compare_with_torch_ddp(
     sum the same numbers, but the all-reduce adds an element's N contributions in an
     order that may depend on where it sits in the buffer, and our buckets are laid out
     differently from torch's: results may differ in the last bits (PARITY_TOLERANCE).
+    ``variants``: other wrappers to train (step 4's), with torch's under "torch DDP".
     """
     cfg = cfg or preset("tiny")
     # nccl moves CUDA tensors: one GPU per rank; gloo, CPU tensors
@@ -248,7 +268,7 @@ def compare_with_torch_ddp(
         for s in range(steps)
     ]
     final, report = {}, {}
-    for name, wrap in VARIANTS.items():
+    for name, wrap in variants.items():
         model = wrap(copy.deepcopy(base).to(device), bucket_cap_mb)
         if optimizer == "sgd":
             opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
@@ -269,7 +289,7 @@ def compare_with_torch_ddp(
             "all_reduces_per_step": getattr(model, "num_collectives", math.nan) / steps,
             "timeline": getattr(model, "events", []),  # the last step's, for OverlappedDDP
         }
-    for name in VARIANTS:
+    for name in variants:
         report[name]["vs_torch"] = (final[name] - final["torch DDP"]).abs().max().item()
     return report
 

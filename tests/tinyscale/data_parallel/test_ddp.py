@@ -88,10 +88,11 @@ class Branchy(nn.Module):
         self.frozen = nn.Linear(4, 4).requires_grad_(False)
         self.used = nn.Linear(4, 4)
         self.rank0_only = nn.Linear(4, 4)
+        self.extra = True  # False: rank 0 skips the layer too
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.used(self.frozen(x))
-        if dist.get_rank() == 0:
+        if dist.get_rank() == 0 and self.extra:
             x = self.rank0_only(x)
         return x.square().mean()
 
@@ -146,6 +147,14 @@ def multi_rank_facts(full: bool) -> dict:
         "collectives": model.num_collectives,
         "buckets": len(model.buckets),
     }
+    # used in the first micro-batch (no_sync) only: its accumulated gradient must survive
+    model.zero_grad(set_to_none=True)
+    with model.no_sync():
+        model(x).backward()
+    model.module.extra = False
+    model(x).backward()
+    model.finish_gradient_synchronization()
+    facts["branchy"]["accumulated_rank0_only_grad"] = model.module.rank0_only.weight.grad.clone()
 
     # no_sync: two micro-batches, one all-reduce per bucket, the same grads as one batch
     torch.manual_seed(0)
@@ -298,6 +307,8 @@ def test_frozen_parameters_are_skipped_and_unused_ones_average_zeros(world2) -> 
     for x in b:
         assert torch.allclose(x["rank0_only_grad"], expected, rtol=1e-6, atol=0)
         assert x["collectives"] == x["buckets"], "the same collectives on both ranks: no hang"
+        # used in an earlier no_sync micro-batch only: kept, not zeroed
+        assert torch.allclose(x["accumulated_rank0_only_grad"], expected, rtol=1e-6, atol=0)
 
 
 def test_no_sync_accumulates_and_all_reduces_once(world2) -> None:
