@@ -83,7 +83,7 @@ class RankFailed(RuntimeError):
     """A rank raised, died, or missed the deadline; the message names the rank."""
 
 
-JOIN_TIMEOUT_S = 60.0  # how long a rank waits for the others to join the group
+JOIN_TIMEOUT_S = 60.0  # how long a started rank waits for the others to start
 
 
 def _worker(
@@ -95,6 +95,7 @@ def _worker(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
     results: Any,
+    started: Any,
     environ: dict[str, str],
 ) -> None:
     adopt_environment(environ)
@@ -109,15 +110,16 @@ def _worker(
     }
     torch.set_num_threads(1)  # N processes share the cores; oversubscribing slows everyone
     try:
+        # Start together: on a loaded machine one rank may start seconds after another,
+        # longer than a short timeout lets init_process_group wait for it.
+        started.wait(timeout=JOIN_TIMEOUT_S)
         dist.init_process_group(
             backend,
             init_method=f"tcp://127.0.0.1:{port}",
             rank=rank,
             world_size=world_size,
-            # joining waits for the slowest rank to start: seconds on a loaded machine
-            timeout=timedelta(seconds=max(timeout_s, JOIN_TIMEOUT_S)),
+            timeout=timedelta(seconds=timeout_s),  # bounds every collective: no silent hang
         )
-        dist.set_timeout(timedelta(seconds=timeout_s))  # bounds every collective: no silent hang
     except BaseException:
         results.put((rank, False, traceback.format_exc()))
         return
@@ -152,12 +154,12 @@ def run_on_ranks(
     if world_size < 1:
         raise UsageError(f"world_size must be at least 1, got {world_size}: use 1, 2, 4 ...")
     ctx = process_context()
-    results = ctx.Queue()
-    port = free_port()
+    results, started = ctx.Queue(), ctx.Barrier(world_size)
+    port, env = free_port(), dict(os.environ)
     procs = [
         ctx.Process(
             target=_worker,
-            args=(rank, world_size, port, backend, timeout_s, fn, args, results, dict(os.environ)),
+            args=(rank, world_size, port, backend, timeout_s, fn, args, results, started, env),
             daemon=True,
         )
         for rank in range(world_size)
