@@ -1,11 +1,13 @@
 """Regenerate the benchmark plot and table of the Week 1 collectives page.
 
-Run:  python tools/figures_week1_collectives.py   (about 25 s on 2 CPU cores)
+Run:  python tools/figures_week1_collectives.py   (about 2 minutes on 2 CPU cores)
 
-Calls benchmarks/bench_collectives.py's ``measure`` (our ring all-reduce and gloo's,
-interleaved in the same two processes) and writes, under docs/generated/week1/:
+Calls benchmarks/bench_collectives.py's ``measure`` (our plain and pipelined ring
+all-reduces and gloo's, interleaved in the same two processes) and ``sweep`` (the
+pipelined ring's segment sizes against gloo) and writes, under docs/generated/week1/:
 collectives_busbw.png (bus bandwidth against message size, log-log), collectives_busbw.md
-(the table the page includes) and collectives_busbw.json (the raw rows).
+(the table the page includes), collectives_busbw.json (its rows), collectives_sweep.md
+(the sweep's table) and collectives_sweep.json (its rows).
 Timings: regenerate on a quiet machine, not in a test.
 """
 
@@ -44,10 +46,16 @@ def main() -> int:
     (OUT / "collectives_busbw.md").write_text(
         bench.format_table(rows, world_size=WORLD_SIZE) + "\n"
     )
+    sweep = bench.sweep(world_size=WORLD_SIZE)
+    (OUT / "collectives_sweep.json").write_text(json.dumps(sweep, indent=1) + "\n")
+    (OUT / "collectives_sweep.md").write_text(
+        bench.format_sweep(sweep, world_size=WORLD_SIZE) + "\n"
+    )
     sizes = [row["bytes"] for row in rows]
     fig, ax = plt.subplots(figsize=(7, 4))
     for impl, label, marker in (
         ("ours", "ring_all_reduce (ours: isend/irecv, Python)", "o"),
+        ("pipelined", "pipelined_ring_all_reduce (ours, segmented)", "^"),
         ("gloo", "dist.all_reduce (gloo, C++)", "s"),
     ):
         ax.plot(sizes, [row[f"{impl}_busbw"] / 1e9 for row in rows], marker=marker, label=label)
@@ -62,7 +70,8 @@ def main() -> int:
     fig.tight_layout()
     fig.savefig(OUT / "collectives_busbw.png", dpi=120)
     plt.close(fig)
-    for name in ("collectives_busbw.png", "collectives_busbw.md", "collectives_busbw.json"):
+    names = ("collectives_busbw.png", "collectives_busbw.md", "collectives_busbw.json")
+    for name in (*names, "collectives_sweep.md", "collectives_sweep.json"):
         print(f"wrote {(OUT / name).relative_to(ROOT)}")
     return 0
 

@@ -11,6 +11,7 @@ tinyscale.core.
     launch          week-1/index.md
     workers         week-1/index.md
     collectives     week-1/collectives.md
+    pipelined_ring  week-1/collectives.md
     counter         week-2/zero-from-scratch.md
     tree_allreduce  week-1/collectives.md
     latency         operations/nccl-network.md
