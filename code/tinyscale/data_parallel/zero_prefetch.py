@@ -136,6 +136,8 @@ class PrefetchZeRO3(ZeRO):
         self._finish_reduce()  # the last unit's slice, before the optimizer reads it
         super().step()
         self.plan, self.trace = self.trace, []  # this step's order guides the next one
+        for unit in self.plan[: self.prefetch]:  # the first units' new weights travel
+            self._start_gather(unit)  # while the caller gets the next batch
 
     # --8<-- [end:reduce]
 
