@@ -131,6 +131,13 @@ class BucketedDDP(NaiveDDP):
 
 
 # --8<-- [start:overlapped]
+NOT_SYNCHRONISED = (
+    "gradients of the last backward are not synchronised yet: call "
+    "finish_gradient_synchronization() before the optimizer step and the next "
+    "forward (or run the earlier micro-batches under no_sync())"
+)
+
+
 class OverlappedDDP(BucketedDDP):
     """Step 3: each bucket's all-reduce starts during backward, as soon as it is full.
 
@@ -153,11 +160,7 @@ class OverlappedDDP(BucketedDDP):
 
     def forward(self, *args, **kwargs):
         if any(b.work is not None or len(b.pending) < len(b.params) for b in self.buckets):
-            raise UsageError(
-                "gradients of the last backward are not synchronised yet: call "
-                "finish_gradient_synchronization() before the optimizer step and the next "
-                "forward (or run the earlier micro-batches under no_sync())"
-            )
+            raise UsageError(NOT_SYNCHRONISED)
         self.events.clear()
         return self.module(*args, **kwargs)
 

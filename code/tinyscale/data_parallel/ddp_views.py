@@ -23,7 +23,12 @@ from torch import nn
 
 from tinyscale.core.errors import UsageError
 from tinyscale.core.memory import MiB
-from tinyscale.data_parallel.ddp_buckets import BucketedDDP, OverlappedDDP, compare_with_torch_ddp
+from tinyscale.data_parallel.ddp_buckets import (
+    NOT_SYNCHRONISED,
+    BucketedDDP,
+    OverlappedDDP,
+    compare_with_torch_ddp,
+)
 
 FIRST_BUCKET_MB = dist._DEFAULT_FIRST_BUCKET_BYTES / MiB  # 1.0: torch DDP's default first cap
 
@@ -63,11 +68,7 @@ class ViewDDP(BucketedDDP):
 
     def forward(self, *args, **kwargs):
         if self._next_bucket or self._left != self._full:
-            raise UsageError(
-                "gradients of the last backward are not synchronised yet: call "
-                "finish_gradient_synchronization() before the optimizer step and the next "
-                "forward (or run the earlier micro-batches under no_sync())"
-            )
+            raise UsageError(NOT_SYNCHRONISED)
         self.events.clear()
         return self.module(*args, **kwargs)
 
