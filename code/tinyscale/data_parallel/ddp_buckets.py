@@ -136,6 +136,10 @@ NOT_SYNCHRONISED = (
     "finish_gradient_synchronization() before the optimizer step and the next "
     "forward (or run the earlier micro-batches under no_sync())"
 )
+NOTHING_ARRIVED = (
+    "no gradient arrived since the last synchronisation: call loss.backward() "
+    "(outside no_sync()) before finish_gradient_synchronization()"
+)
 
 
 class OverlappedDDP(BucketedDDP):
@@ -188,10 +192,7 @@ class OverlappedDDP(BucketedDDP):
     def finish_gradient_synchronization(self) -> None:
         """Wait for every bucket's all-reduce, then put the averages into .grad."""
         if all(len(b.pending) == len(b.params) for b in self.buckets):
-            raise UsageError(
-                "no gradient arrived since the last synchronisation: call loss.backward() "
-                "(outside no_sync()) before finish_gradient_synchronization()"
-            )
+            raise UsageError(NOTHING_ARRIVED)
         # A parameter that got no gradient in this backward (unused on this rank) never
         # fired its hook: it contributes what it has (earlier no_sync micro-batches) or
         # zeros, so its bucket completes and no rank hangs.

@@ -25,6 +25,7 @@ from tinyscale.core.errors import UsageError
 from tinyscale.core.memory import MiB
 from tinyscale.data_parallel.ddp_buckets import (
     NOT_SYNCHRONISED,
+    NOTHING_ARRIVED,
     BucketedDDP,
     OverlappedDDP,
     compare_with_torch_ddp,
@@ -108,10 +109,7 @@ class ViewDDP(BucketedDDP):
     def finish_gradient_synchronization(self) -> None:
         """Wait for every bucket's all-reduce and divide in place: .grad is the average."""
         if self._left == self._full:
-            raise UsageError(
-                "no gradient arrived since the last synchronisation: call loss.backward() "
-                "(outside no_sync()) before finish_gradient_synchronization()"
-            )
+            raise UsageError(NOTHING_ARRIVED)
         for bucket in self.buckets[self._next_bucket :]:
             if self._left[bucket.index]:  # a parameter unused this step fired no hook:
                 for p, view in zip(bucket.params, bucket.views, strict=True):
