@@ -187,3 +187,13 @@ def test_bad_input_is_one_line_and_exit_code_2(
     assert run_cli(script.main, argv) == 2
     assert capsys.readouterr().err == message + "\n"
     assert not out.exists() and not (tmp_path / "logs").exists()
+
+
+def test_help_exits_cleanly() -> None:
+    """`--help` is a clean exit: torchrun's @record hands it back as None, not a code."""
+    script = ROOT / "code" / "scripts" / "ddp_simulation_train.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("usage:") and done.stderr == ""

@@ -245,7 +245,7 @@ def in_one_call(
 
 
 # --8<-- [start:exit]
-def exit_without_teardown(code: int) -> None:  # it never returns
+def exit_without_teardown(code: int | None) -> None:  # it never returns
     """Leave the process now with ``code``: flush the logs and streams, skip the teardown.
 
     A job that has finished and left its process group can still die in the interpreter's
@@ -256,7 +256,7 @@ def exit_without_teardown(code: int) -> None:  # it never returns
     logging.shutdown()  # every rank's train.log, flushed and closed
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)
+    os._exit(code or 0)  # None: torchrun's @record hands back a clean exit (--help) as None
 
 
 # --8<-- [end:exit]

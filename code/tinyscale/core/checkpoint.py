@@ -65,7 +65,9 @@ def load_checkpoint(path: str | Path, *, expect: ModelConfig | None = None) -> d
     """
     path = Path(path)
     if not path.is_file():
-        raise UsageError(f"checkpoint {path} not found: check the path, or start without --resume")
+        saved = sorted(path.parent.glob("step_*.pt")) if path.parent.is_dir() else []
+        near = f" ({path.parent} holds {', '.join(p.name for p in saved[-3:])})" if saved else ""
+        raise UsageError(f"checkpoint {path} not found: check the path{near}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # truncated, not a zip, pickled code: all mean "do not trust it"

@@ -149,7 +149,8 @@ def evaluate_sharded(
     for indices in torch.arange(len(shard)).split(batch_size):
         x, y = get_batch(shard, indices, device)  # type: ignore[arg-type]
         _, loss = model(x, y)
-        totals += torch.stack([loss.double() * len(indices), torch.tensor(len(indices))])
+        count = torch.tensor(len(indices), dtype=torch.float64, device=device)  # beside loss
+        totals += torch.stack([loss.double() * len(indices), count])
     dist.all_reduce(totals)  # SUM over ranks
     model.train(was_training)
     return (totals[0] / totals[1]).item()
