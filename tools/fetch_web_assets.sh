@@ -10,7 +10,9 @@ dest=docs/assets/vendor/mermaid.min.js
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 (cd "$tmp" && npm pack --silent "mermaid@$version" >/dev/null 2>&1)
-echo "$sha256  $tmp/mermaid-$version.tgz" | sha256sum --check --quiet
+# sha256sum on Linux; macOS has shasum (Perl) instead
+if command -v sha256sum >/dev/null; then check=(sha256sum); else check=(shasum -a 256); fi
+echo "$sha256  $tmp/mermaid-$version.tgz" | "${check[@]}" --check --quiet
 tar -xzf "$tmp/mermaid-$version.tgz" -C "$tmp" package/dist/mermaid.min.js
 mkdir -p "$(dirname "$dest")"
 mv "$tmp/package/dist/mermaid.min.js" "$dest"

@@ -4,6 +4,15 @@
 # that need it are then skipped with that reason.
 set -euo pipefail
 
+# macOS: nothing to install. The SLURM cluster is Linux-only (Debian's packages, /usr/sbin
+# daemons) and the browser check needs Chromium; their checks skip, the labs need neither.
+if [ "$(uname -s)" = Darwin ]; then
+  echo "note: macOS, nothing to install: the one-machine SLURM cluster (slurm-wlm, munge)" \
+       "runs on Linux only, and the browser check skips without Chromium;" \
+       "the labs need neither (docs/start/mac.md)" >&2
+  exit 0
+fi
+
 need=()
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
 # the one-machine SLURM cluster (tools/slurm/cluster.sh); the daemons live in /usr/sbin

@@ -20,6 +20,7 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -345,6 +346,8 @@ def quiet_deepspeed() -> Iterator[None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     run = check_inputs(parse_args(argv))  # all checks first: a bad flag fails every rank alike
+    if run.device.type == "cpu":  # before DeepSpeed's import: on a Mac it would pick MPS
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
     data = build_datasets(
         corpus=run.cfg.corpus,
         vocab_size=run.model_cfg.vocab_size,

@@ -149,17 +149,34 @@ def start_agent(args: argparse.Namespace, node_rank: int) -> subprocess.Popen:
 
 
 # --8<-- [start:wait]
-def descendants(pid: int) -> list[tuple[int, str]]:
-    """Every process started by ``pid``, as (pid, start time), found through /proc.
-
-    torchrun puts its workers in sessions of their own, so signalling the agent's process
-    group misses them; the start time tells a worker from a later process that got its pid.
-    """
-    children: dict[int, list[tuple[int, str]]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+def process_table(proc: Path = Path("/proc")) -> dict[int, tuple[int, str]]:
+    """Every process as pid -> (parent pid, start time): from /proc on Linux, from ps on
+    macOS, which has no /proc. The start time tells a process from a later one that got
+    its pid."""
+    table: dict[int, tuple[int, str]] = {}
+    if not proc.is_dir():
+        ps = ["ps", "-A", "-o", "pid=,ppid=,lstart="]  # lstart: the start time, in words
+        listing = subprocess.run(ps, capture_output=True, text=True, check=True).stdout
+        for line in listing.splitlines():
+            pid, ppid, started = line.split(None, 2)
+            table[int(pid)] = (int(ppid), started.strip())
+        return table
+    for stat in proc.glob("[0-9]*/stat"):
         with contextlib.suppress(OSError):  # the process ended meanwhile
             fields = stat.read_text().rsplit(")", 1)[1].split()  # after "pid (name)"
-            children.setdefault(int(fields[1]), []).append((int(stat.parent.name), fields[19]))
+            table[int(stat.parent.name)] = (int(fields[1]), fields[19])
+    return table
+
+
+def descendants(pid: int) -> list[tuple[int, str]]:
+    """Every process started by ``pid``, as (pid, start time).
+
+    torchrun puts its workers in sessions of their own, so signalling the agent's process
+    group misses them.
+    """
+    children: dict[int, list[tuple[int, str]]] = {}
+    for kid, (parent, started) in process_table().items():
+        children.setdefault(parent, []).append((kid, started))
     found, todo = [], [pid]
     while todo:
         kids = children.get(todo.pop(), [])
@@ -178,9 +195,10 @@ def stop(agent: subprocess.Popen, grace_s: float = 10.0) -> None:
         agent.wait(timeout=grace_s)
     if agent.poll() is None:
         os.killpg(agent.pid, signal.SIGKILL)
+    now = process_table()
     for pid, started in family:
-        with contextlib.suppress(OSError):  # already gone: the normal case
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19] == started:
+        if now.get(pid, (0, ""))[1] == started:  # gone, or its pid reused: leave it
+            with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
     agent.wait()
 

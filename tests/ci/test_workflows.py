@@ -32,7 +32,7 @@ def load(name: str) -> dict:
 
 
 def test_every_workflow_matches_githubs_schema() -> None:
-    assert [p.name for p in WORKFLOWS] == ["ci.yml", "pages.yml"]
+    assert [p.name for p in WORKFLOWS] == ["ci.yml", "macos.yml", "pages.yml"]
     done = validate(*WORKFLOWS)
     assert done.returncode == 0, done.stdout + done.stderr
 
@@ -64,7 +64,7 @@ def test_the_slurm_job_runs_as_root() -> None:
     assert "docs/workshop/session-c.md" in test_step
 
 
-@pytest.mark.parametrize("name", ["ci.yml", "pages.yml"])
+@pytest.mark.parametrize("name", ["ci.yml", "macos.yml", "pages.yml"])
 def test_what_the_workflows_name_exists(name: str) -> None:
     text = (ROOT / ".github" / "workflows" / name).read_text()
     makefile = (ROOT / "Makefile").read_text()
