@@ -15,8 +15,12 @@ BATCH = ROOT / "code" / "config" / "slurm_example.sbatch"
 
 
 def recorded_blocks() -> list[str]:
-    """The ```text blocks that follow a SLURM demo (they mention a job of ours)."""
-    blocks = re.findall(r"^```text\n(.*?)^```", PAGE.read_text(), re.MULTILINE | re.DOTALL)
+    """The ```text blocks that follow a SLURM demo (they mention a job of ours), those
+    inside a fold too (indented: the indent is taken off each line)."""
+    found = re.findall(r"^( *)```text\n(.*?)^\1```", PAGE.read_text(), re.MULTILINE | re.DOTALL)
+    blocks = [
+        "\n".join(s.removeprefix(indent) for s in body.splitlines()) for indent, body in found
+    ]
     return [b for b in blocks if re.search(r"^job \d+: ", b, re.MULTILINE)]
 
 
