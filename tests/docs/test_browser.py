@@ -5,8 +5,10 @@ Builds the site with `mkdocs build --strict` into a temporary directory (or take
 every page in Chromium. A page fails on: a console error, an uncaught
 exception, a failed request or an HTTP error status, any request that leaves 127.0.0.1
 (blocked: the course must work offline), a mermaid diagram not rendered to an SVG, and a
-`--8<--` left in the HTML (an include that did not expand). Screenshots of the home page
-and of Session A go to build/screenshots/ for a human to look at.
+`--8<--` left in the HTML (an include that did not expand), and a code block whose lines
+all fit in 100 characters that still scrolls sideways at 1280 px (every fold opened and
+every tab shown, so the hidden blocks are measured too). Screenshots of the home page,
+Session A and Lab 1 go to build/screenshots/ for a human to look at.
 
 Material renders each diagram into a *closed* shadow root; an init script makes
 attachShadow open them so the test can see the SVG.
@@ -58,7 +60,10 @@ VIEWPORT = {"width": 1280, "height": 900}
 SCREENSHOTS = {
     "": "build/screenshots/home.png",
     "workshop/session-a/": "build/screenshots/session-a.png",
+    "workshop/lab-1/": "build/screenshots/lab-1.png",  # module code at 1280 px
 }
+# The course code's line length (ruff): a block no wider must show whole, without scrolling.
+CODE_COLUMNS = 100
 BUILD_TIMEOUT_S = 120
 LAUNCH_TIMEOUT_MS = 30_000
 GOTO_TIMEOUT_MS = 20_000
@@ -78,6 +83,24 @@ COUNT_RENDERED = """() => [...document.querySelectorAll(".mermaid")].filter(
   (el) => (el.shadowRoot || el).querySelector("svg")).length"""
 SVG_TEXTS = """() => [...document.querySelectorAll(".mermaid")].map(
   (el) => ((el.shadowRoot || el).querySelector("svg") || {}).textContent || "")"""
+# Opens every fold and shows every tab, then lists the code blocks of at most CODE_COLUMNS
+# characters a line that scroll sideways (Material gives `pre > code` overflow: auto).
+CODE_THAT_SCROLLS = """(columns) => {
+  const style = document.createElement("style");
+  style.textContent = ".tabbed-block { display: block !important; }";
+  document.head.appendChild(style);
+  document.querySelectorAll("details").forEach((d) => { d.open = true; });
+  const found = [];
+  for (const code of document.querySelectorAll(".md-typeset pre:not(.mermaid) > code")) {
+    const lines = code.textContent.split("\\n");
+    const longest = Math.max(...lines.map((line) => line.length));
+    if (longest <= columns && code.scrollWidth > code.clientWidth + 1) {
+      found.push(`${longest} columns, ${code.scrollWidth} px in ${code.clientWidth} px: ` +
+                 lines.find((line) => line.length === longest).slice(0, 60));
+    }
+  }
+  return found;
+}"""
 PRE_TEXTS = """() => [...document.querySelectorAll("pre")].map((el) => el.textContent.trim())"""
 
 
@@ -273,6 +296,9 @@ def check_pages(
                         if path in screenshots:
                             screenshots[path].parent.mkdir(parents=True, exist_ok=True)
                             page.screenshot(path=screenshots[path], timeout=GOTO_TIMEOUT_MS)
+                        if started:
+                            for block in page.evaluate(CODE_THAT_SCROLLS, CODE_COLUMNS):
+                                watch.found.append(f"code scrolls sideways at 1280 px: {block}")
                     except sync_api.Error as exc:
                         watch.found.append(f"browser: {str(exc).splitlines()[0]}")
                     finally:
@@ -326,7 +352,7 @@ def base_url(site_dir: Path) -> Iterator[str]:
         thread.join(timeout=5)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)  # 70 pages, each laid out twice (folds shut, then open)
 def test_every_page_renders_offline(root: Path, site_dir: Path, base_url: str) -> None:
     assert site_pages(site_dir), "the built site has no pages"
     screenshots = {path: root / shot for path, shot in SCREENSHOTS.items()}
