@@ -175,7 +175,17 @@ def test_pickled_code_is_refused(tmp_path: Path) -> None:
 
 def test_missing_checkpoint(tmp_path: Path) -> None:
     message = one_line_usage_error(tmp_path / "nope.pt")
-    assert "not found" in message and "without --resume" in message
+    assert message == f"checkpoint {tmp_path / 'nope.pt'} not found: check the path"
+
+
+def test_a_missing_checkpoint_names_the_last_ones_its_folder_holds(tmp_path: Path) -> None:
+    """The step count of a run depends on the corpus: a guessed name lists the real ones."""
+    for step in (100, 200, 300, 434):
+        (tmp_path / f"step_{step:06d}.pt").write_bytes(b"")
+    message = one_line_usage_error(tmp_path / "step_000414.pt")
+    assert message.endswith(
+        f"check the path ({tmp_path} holds step_000200.pt, step_000300.pt, step_000434.pt)"
+    )
 
 
 def test_describe_checkpoint_lists_tensors_and_their_bytes(tmp_path: Path) -> None:
