@@ -43,11 +43,24 @@ def time_line(page: str, t: page_times.PageTime) -> str:
     )
 
 
-def week_table(folder: str, record: dict[str, dict[str, float]]) -> str:
+def nav_pages(nav: list | dict | str | None) -> list[str]:
+    """The pages of mkdocs.yml's nav, in reading order."""
+    if isinstance(nav, str):
+        return [nav]
+    if isinstance(nav, dict):
+        return [p for v in nav.values() for p in nav_pages(v)]
+    return [p for item in nav or [] for p in nav_pages(item)]
+
+
+def week_table(
+    folder: str, record: dict[str, dict[str, float]], order: list[str] | None = None
+) -> str:
     """A Week's pages with their minutes, in the order of the site's navigation."""
     rows = ["| Page | Core path | Whole page |", "| --- | --- | --- |"]
     core = total = 0
-    for page in [p for p in page_times.timed_pages() if p.startswith(folder + "/")]:
+    week = [p for p in page_times.timed_pages() if p.startswith(folder + "/")]
+    rank = {p: i for i, p in enumerate(order or [])}
+    for page in sorted(week, key=lambda p: rank.get(p, len(rank))):
         t = page_times.page_time(page, record)
         name = Path(page).name
         title = (page_times.DOCS / page).read_text().splitlines()[0].lstrip("# ").strip()
@@ -70,7 +83,9 @@ def course_table(record: dict[str, dict[str, float]]) -> str:
     return "\n".join(rows)
 
 
-def insert_time(markdown: str, page: str, record: dict[str, dict[str, float]]) -> str:
+def insert_time(
+    markdown: str, page: str, record: dict[str, dict[str, float]], order: list[str] | None = None
+) -> str:
     """The page's markdown with its time line under the title (and a Week's table)."""
     if COURSE_MARK in markdown:
         markdown = markdown.replace(COURSE_MARK, course_table(record))
@@ -82,9 +97,10 @@ def insert_time(markdown: str, page: str, record: dict[str, dict[str, float]]) -
         lines.insert(title + 1, "\n" + time_line(page, page_times.page_time(page, record)))
     out = "\n".join(lines) + "\n"
     if TABLE_MARK in out:
-        out = out.replace(TABLE_MARK, week_table(str(Path(page).parent), record))
+        out = out.replace(TABLE_MARK, week_table(str(Path(page).parent), record, order))
     return out
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
-    return insert_time(markdown, page.file.src_uri, page_times.load_record())
+    order = nav_pages(config["nav"])
+    return insert_time(markdown, page.file.src_uri, page_times.load_record(), order)

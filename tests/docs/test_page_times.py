@@ -138,3 +138,12 @@ def test_self_check_folds_words_and_includes(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(page_times, "DOCS", docs)
     w = page_times.page_words("workshop/p.md")
     assert (w.core, w.total) == (2, 5)  # T, word | + python, x, 1 (the fold's title is out)
+
+
+def test_a_weeks_table_follows_the_navigation() -> None:
+    nav = [{"Weeks": [{"Week 2": [{"Intro": "week-2/index.md"}, "week-2/fsdp.md"]}]}]
+    order = mkdocs_hooks.nav_pages(nav)
+    assert order == ["week-2/index.md", "week-2/fsdp.md"]
+    table = mkdocs_hooks.week_table("week-2", page_times.load_record(), order[::-1])
+    rows = [r for r in table.splitlines() if r.startswith("| [")]
+    assert "(fsdp.md)" in rows[0] and "(index.md)" in rows[1]  # the order given, not a-z
