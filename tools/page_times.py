@@ -29,6 +29,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+from figures_testing import RUN_SYNTAX  # the blocks pytest-codeblocks runs, counted once
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 RECORD = DOCS / "generated" / "pages" / "times.json"
@@ -133,7 +135,7 @@ def runnable_blocks(page: str) -> list[Block]:
     return [
         Block(b.lineno, block_key(b.code), b.lineno - 1 in folds)
         for b in extract_from_file(DOCS / page)
-        if b.syntax in ("python", "py", "bash", "sh")
+        if b.syntax in RUN_SYNTAX
     ]
 
 
