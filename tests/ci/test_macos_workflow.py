@@ -10,7 +10,6 @@ and leave out the pages' recorded outputs (their digits are x86's).
 from __future__ import annotations
 
 import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -133,17 +132,6 @@ def test_its_tests_leave_out_the_pages_recorded_outputs() -> None:
     assert "tests/ci/test_macos_workflow.py" in paths
     for path in paths:
         assert (ROOT / path).exists(), f"the job names {path}, which does not exist"
-
-
-def test_what_the_job_names_exists() -> None:
-    makefile = (ROOT / "Makefile").read_text()
-    text = WORKFLOW.read_text()
-    for target in re.findall(r"\bmake ([a-z-]+)", text):
-        assert re.search(rf"^{target}:", makefile, re.M), f"make {target}: no such target"
-    for line in lab_commands(run_lines()):
-        for word in shlex.split(line.split(" |")[0].split(" >")[0]):
-            if word.startswith("code/"):
-                assert (ROOT / word).exists(), word
 
 
 def test_it_writes_a_summary_even_when_a_step_fails() -> None:
