@@ -67,13 +67,15 @@ def test_every_process_a_test_starts_collects_full_garbage_rarely() -> None:
 
 
 TRAIN = """
-import sys, torch
+import sys, torch, torch.distributed as dist
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 1))
+ddp = torch.nn.parallel.DistributedDataParallel(model)
 optimizers = [torch.optim.AdamW(model[0].parameters(), lr=1e-2),
               torch.optim.SGD(model[2].parameters(), lr=1e-2, momentum=0.9)]
 for step in range(3):
-    model(torch.randn(4, 8)).square().mean().backward()
+    ddp(torch.randn(4, 8)).square().mean().backward()
     for optimizer in optimizers:
         optimizer.step()
         optimizer.zero_grad()
@@ -91,19 +93,23 @@ def test_training_without_compiling_defers_dynamo_and_changes_no_number() -> Non
 
 
 def test_torchs_own_path_once_dynamo_is_imported() -> None:
-    """Once torch._dynamo exists, a step breaks the graph and a marked method is wrapped
-    in dynamo.disable, as in plain torch."""
+    """Once torch._dynamo exists, a step breaks the graph, a marked method is wrapped in
+    dynamo.disable, and DDP asks dynamo for its mode, as in plain torch."""
     code = """
-import torch, torch._dynamo
-breaks = []
+import torch, torch._dynamo, torch.distributed as dist
+breaks, asked = [], []
 graph_break = torch._dynamo.graph_break
 torch._dynamo.graph_break = lambda: breaks.append(1) or graph_break()
+ddp_mode = torch._dynamo.utils.get_optimize_ddp_mode
+torch._dynamo.utils.get_optimize_ddp_mode = lambda: asked.append(1) or ddp_mode()
 layer = torch.nn.Linear(2, 2)
 optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
 layer(torch.ones(1, 2)).sum().backward()
 optimizer.step()
 optimizer.zero_grad()
 zero_grad = torch.optim.Optimizer.zero_grad.__wrapped__
-print(len(breaks), getattr(zero_grad, "__dynamo_disable", None) is not None)
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+torch.nn.parallel.DistributedDataParallel(layer)
+print(len(breaks), getattr(zero_grad, "__dynamo_disable", None) is not None, len(asked))
 """
-    assert child(code).split() == ["2", "True"]
+    assert child(code).split() == ["2", "True", "1"]
