@@ -75,7 +75,7 @@ def course_table(record: dict[str, dict[str, float]]) -> str:
     rows = ["| Part | Pages | Core path | Whole pages |", "| --- | ---: | ---: | ---: |"]
     timed = page_times.timed_pages()
     for part, wanted in PARTS.items():
-        pages = [p for p in timed if any(p == w or p.startswith(w) for w in wanted if w)]
+        pages = [p for p in timed if p.startswith(tuple(wanted))]  # a page or a folder/
         times = [page_times.page_time(p, record) for p in pages]
         core = sum(t.core_minutes for t in times)
         total = sum(t.total_minutes for t in times)

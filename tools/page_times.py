@@ -13,7 +13,8 @@ the core path (what is not inside a collapsed `???` fold) and the whole page.
   moves keeps its time.
 
 `--words PAGE` prints a page's words and minutes; `--measure` runs the blocks of the
-timed pages (or the pages named) under pytest-codeblocks, two workers, and records them.
+timed pages (or the pages named) under pytest-codeblocks, with three workers as `make test`
+runs them, and records them.
 """
 
 from __future__ import annotations
