@@ -4,9 +4,11 @@ How long a page takes: reading time from its words, plus the measured run time o
 code blocks. The top of every workshop and Week page shows it (tools/mkdocs_hooks.py):
 the core path (what is not inside a collapsed `???` fold) and the whole page.
 
-- Words are counted from the page as the reader sees it: snippet includes expanded
-  (a module section reads like prose, at the same rate), fold titles and markers out.
-  They are counted at build time, so they are never stale.
+- Words are counted from the page as the reader sees it: snippet includes expanded, fold
+  titles and markers out. Prose is read at WORDS_PER_MINUTE; code (a fenced block or an
+  included module section) at CODE_WORDS_PER_MINUTE, half that rate, since a reader who
+  follows a function line by line reads slower than one who reads its explanation. They
+  are counted at build time, so they are never stale.
 - Run times come from a real run of the page's blocks (`--measure`), recorded per block
   in docs/generated/pages/times.json and keyed by the block's code: a block whose code
   changes needs a new run (tests/docs/test_page_times.py says so), a block that only
@@ -35,7 +37,10 @@ from figures_testing import RUN_SYNTAX  # the blocks pytest-codeblocks runs, cou
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 RECORD = DOCS / "generated" / "pages" / "times.json"
+# Reading rates: definitions, not measurements (the page shows the minutes, not a claim
+# about any reader). Code is counted at half the prose rate.
 WORDS_PER_MINUTE = 200
+CODE_WORDS_PER_MINUTE = 100
 # The pages that show their time: the workshop (timed sessions) and the self-paced Weeks.
 TIMED = ("workshop/*.md", "week-1/*.md", "week-2/*.md", "week-3/*.md", "week-4/*.md")
 # The minutes each workshop page's core path may take: a session's slides and demo, or
@@ -95,24 +100,43 @@ def words(text: str) -> int:
 
 @dataclass
 class PageWords:
-    core: int
-    total: int
+    core: int  # prose words of the core path
+    total: int  # prose words of the whole page
+    core_code: int = 0  # code words (fenced blocks and includes) of the core path
+    total_code: int = 0
+
+    def reading_minutes(self, *, core: bool) -> float:
+        prose, code = (self.core, self.core_code) if core else (self.total, self.total_code)
+        return prose / WORDS_PER_MINUTE + code / CODE_WORDS_PER_MINUTE
+
+
+FENCE = re.compile(r"^\s*(```|~~~)")
 
 
 def page_words(page: str) -> PageWords:
-    """The words of a page's core path and of the whole page, includes expanded."""
+    """The words of a page's core path and of the whole page, includes expanded: prose
+    and code counted apart, since code is read slower."""
     lines = (DOCS / page).read_text().splitlines()
     folds = folded_lines(lines)
-    core = total = 0
+    w = PageWords(0, 0)
+    in_code = False
     for i, line in enumerate(lines):
         m = INCLUDE.match(line)
         text = "\n".join(included(m["path"], m["section"])) if m else line
+        fence = bool(FENCE.match(line))
+        if fence:
+            in_code = not in_code
+            text = line.strip().lstrip("`~").split(" ")[0]  # the language, not the title
         if FOLD.match(line):
             text = ""  # a fold's title is a link to click, not text to read
         n = words(text)
-        total += n
-        core += 0 if i in folds else n
-    return PageWords(core, total)
+        if in_code or m or fence:
+            w.total_code += n
+            w.core_code += 0 if i in folds else n
+        else:
+            w.total += n
+            w.core += 0 if i in folds else n
+    return w
 
 
 def block_key(code: str) -> str:
@@ -147,23 +171,30 @@ def load_record() -> dict[str, dict[str, float]]:
 
 @dataclass
 class PageTime:
-    core_words: int
-    total_words: int
+    words: PageWords
     core_run_s: float
     total_run_s: float
     missing: list[int]  # lines of blocks with no recorded time
 
     @property
+    def core_words(self) -> int:
+        return self.words.core + self.words.core_code
+
+    @property
+    def total_words(self) -> int:
+        return self.words.total + self.words.total_code
+
+    @property
     def core_minutes(self) -> int:
-        return math.ceil(self.core_words / WORDS_PER_MINUTE + self.core_run_s / 60)
+        return math.ceil(self.words.reading_minutes(core=True) + self.core_run_s / 60)
 
     @property
     def total_minutes(self) -> int:
-        return math.ceil(self.total_words / WORDS_PER_MINUTE + self.total_run_s / 60)
+        return math.ceil(self.words.reading_minutes(core=False) + self.total_run_s / 60)
 
     @property
     def core_reading_minutes(self) -> int:
-        return math.ceil(self.core_words / WORDS_PER_MINUTE)
+        return math.ceil(self.words.reading_minutes(core=True))
 
     @property
     def core_running_minutes(self) -> int:
@@ -183,7 +214,7 @@ def page_time(page: str, record: dict[str, dict[str, float]] | None = None) -> P
             continue
         total += times[b.key]
         core += 0.0 if b.folded else times[b.key]
-    return PageTime(w.core, w.total, core, total, missing)
+    return PageTime(w, core, total, missing)
 
 
 def measure(pages: list[str], report: Path = ROOT / "build" / "page_times.xml") -> None:

@@ -137,7 +137,10 @@ def test_self_check_folds_words_and_includes(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(page_times, "ROOT", tmp_path)
     monkeypatch.setattr(page_times, "DOCS", docs)
     w = page_times.page_words("workshop/p.md")
-    assert (w.core, w.total) == (2, 5)  # T, word | + python, x, 1 (the fold's title is out)
+    assert (w.core, w.total) == (2, 2)  # prose: T, word (the fold's title is out)
+    assert (w.core_code, w.total_code) == (0, 3)  # code, in the fold: python, x, 1
+    # code is read at half the rate of prose: 2 prose words and 3 code words
+    assert w.reading_minutes(core=False) == 2 / 200 + 3 / 100
 
 
 def test_a_weeks_table_follows_the_navigation() -> None:
