@@ -139,3 +139,19 @@ def test_it_writes_a_summary_even_when_a_step_fails() -> None:
     assert summary.get("if") == "always()"
     for said in ("MPS available", "Lab 1 on the CPU", "Lab 1 on MPS", "Lab 2", "Lab 3"):
         assert said in summary["run"]
+
+
+# Where a run of the macOS job would be recorded (its summary, copied from GitHub).
+MAC_RECORD = ROOT / "docs" / "generated" / "mac"
+
+
+def test_the_page_says_the_job_has_not_run_until_a_record_exists() -> None:
+    """No record of a macOS run is kept: the page must say nothing has passed on a Mac."""
+    text = " ".join(PAGE.read_text().split())
+    unrun = ["Not yet run on a Mac", "the job has not run yet", "has not yet run on GitHub"]
+    if MAC_RECORD.exists() and any(MAC_RECORD.iterdir()):
+        assert not any(s in text for s in unrun), "a record exists: say what it shows"
+    else:
+        missing = [s for s in unrun if s not in text]
+        assert not missing, f"no macOS run is recorded, yet the page lacks {missing}"
+        assert "run on it in full" not in text
