@@ -5,6 +5,8 @@ fixtures, and ``from helpers import ...`` would depend on which one Python found
 """
 
 import importlib.util
+import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -17,12 +19,35 @@ from pytest_codeblocks import extract_from_file
 from tinyscale.core.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
-# A fresh timing against a recorded one: within this factor either way. Small messages on a
-# loaded 2-core machine wait for process wake-ups (seen: 26x the quiet machine's time);
-# what the check catches is a benchmark that no longer runs or a unit slip (1000x).
-TIMING_FACTOR = 100
-# run_on_ranks' bounds, spelled out: every wait bounded, so a hang fails the test
-TIMEOUTS = {"timeout_s": 30.0, "deadline_s": 120.0}
+# A fresh timing against a recorded one must land within a factor of it, either way; the
+# factor depends on what is timed, and is the widest ratio seen with a margin. What the
+# check catches is a benchmark that no longer runs, runs something else, or a unit slip
+# (1000x). Seen (TINYSCALE_TIMING_LOG, make test on the 2-core machine, and the same tests
+# beside eight other jobs): a step made of sleeps 0.94x; a training step's tokens/s 0.35x;
+# a kernel or a small message of a few microseconds 0.18x to 26x (it waits for process
+# wake-ups on a loaded machine).
+TIMING_FACTORS = {"sleep": 2.0, "training": 10.0, "microseconds": 40.0}
+TIMING_FACTOR = 100  # the old single factor; test_generated_week2/3 move off it
+
+
+def timing_ratio(fresh: float, recorded: float, what: str) -> float:
+    """fresh / recorded, also appended to $TINYSCALE_TIMING_LOG when set (to measure the
+    spread that TIMING_FACTORS are chosen from)."""
+    ratio = fresh / recorded
+    log = os.environ.get("TINYSCALE_TIMING_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(json.dumps({"what": what, "ratio": ratio}) + "\n")
+    return ratio
+
+
+def assert_timing(fresh: float, recorded: float, kind: str, what: str) -> None:
+    """A fresh timing is within TIMING_FACTORS[kind] of the recorded one, either way."""
+    ratio = timing_ratio(fresh, recorded, what)
+    factor = TIMING_FACTORS[kind]
+    assert 1 / factor < ratio < factor, (
+        f"{what}: {ratio:.3g}x the recorded time, outside the {factor}x allowed for {kind}"
+    )
 
 
 def load_script(name: str, folder: str = "code/scripts") -> ModuleType:

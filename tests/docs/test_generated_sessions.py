@@ -4,7 +4,7 @@ Each plot's numbers are written beside it by its tools/ script; these tests reco
 them with the script's own ``*_data`` function and compare (exactly: formulas, seeded
 runs, counted bytes). The fused-kernel table is a timing: its columns must agree with each
 other, its rows must be the benchmark's variants, and one cheap round must land within
-helpers.TIMING_FACTOR of it.
+helpers.TIMING_FACTORS["microseconds"] of it.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import ROOT, TIMING_FACTOR, load_script, load_tool
+from helpers import ROOT, assert_timing, load_script, load_tool
 
 GENERATED = ROOT / "docs" / "generated"
 
@@ -92,7 +92,7 @@ def test_fused_kernels_table_agrees_with_itself_and_with_a_cheap_round(
     fresh = bench.time_group(bench.gelu_variants())
     was = {name: us for name, us, _ in table}
     for name, us in fresh.items():
-        assert was[name] / TIMING_FACTOR < us < was[name] * TIMING_FACTOR, (name, us)
+        assert_timing(us, was[name], "microseconds", f"session_b {name}")
 
 
 def test_the_tools_write_what_these_tests_read() -> None:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from helpers import ROOT, TIMING_FACTOR, load_tool
+from helpers import ROOT, assert_timing, load_tool
 from tinyscale.comm.comm_model import allreduce_time
 from tinyscale.comm.latency import (
     SIZES,
@@ -101,15 +101,12 @@ def test_the_recorded_sweep_is_the_report_of_its_points() -> None:
 def test_measure_gives_one_positive_time_per_size_and_a_report() -> None:
     """A cheap point of the recorded sweep: 4 B and 4 KiB are latency-bound there too.
 
-    Tolerance on the times: helpers.TIMING_FACTOR.
+    Tolerance on the times: helpers.TIMING_FACTORS["microseconds"].
     """
     points = measure(world_size=2, sizes=[4, 4096, 2**20], budget_s=0.01)
     assert [s for s, _ in points] == [4, 4096, 2**20]
     recorded = dict(recorded_points())
     for size, seconds in points[:2]:
-        assert recorded[size] / TIMING_FACTOR < seconds < recorded[size] * TIMING_FACTOR, (
-            size,
-            seconds,
-        )
+        assert_timing(seconds, recorded[size], "microseconds", f"latency {size} B")
     lines = report(points, world_size=2)
     assert lines[0].startswith("| size |") and len(lines) == 2 + 3 + 5

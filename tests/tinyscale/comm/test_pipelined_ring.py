@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import TIMING_FACTOR
+from helpers import assert_timing
 from tinyscale.comm import collectives as C
 from tinyscale.comm import pipelined_ring as P
 from tinyscale.comm.launch import run_on_ranks
@@ -260,7 +260,8 @@ def test_the_segment_sweep_reruns_a_cheap_point_of_its_recorded_table() -> None:
         assert row["pipelined_ratio"] == pytest.approx(row["pipelined_busbw"] / row["gloo_busbw"])
     for row in rows:
         was = recorded[size, row["segment_bytes"]]["pipelined_s"]
-        assert was / TIMING_FACTOR < row["pipelined_s"] < was * TIMING_FACTOR
+        what = f"pipelined ring {row['bytes']} B"
+        assert_timing(row["pipelined_s"], was, "microseconds", what)
     table = bench.format_sweep(recorded_rows, world_size=2) + "\n"
     assert (RECORDED / "collectives_sweep.md").read_text() == table
     busbw = json.loads((RECORDED / "collectives_busbw.json").read_text())  # the third column

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from helpers import TIMING_FACTOR, load_tool
+from helpers import assert_timing, load_tool
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError
@@ -361,7 +361,7 @@ def test_benchmark_measures_every_variant_side_by_side() -> None:
     """One cheap round of the recorded benchmark, and the recorded table checked.
 
     The recorded files are tools/figures_week1_ddp.py's run.
-    Tolerance on the times: helpers.TIMING_FACTOR.
+    Tolerance on the times: helpers.TIMING_FACTORS["training"].
     """
     root = Path(__file__).resolve().parents[3]
     path = root / "benchmarks" / "bench_ddp.py"
@@ -377,7 +377,7 @@ def test_benchmark_measures_every_variant_side_by_side() -> None:
     recorded_dir = root / "docs" / "generated" / "week1"
     recorded = json.loads((recorded_dir / "ddp_bench.json").read_text())
     was = recorded[0]["tokens_per_s"]
-    assert was / TIMING_FACTOR < rows[0]["tokens_per_s"] < was * TIMING_FACTOR
+    assert_timing(rows[0]["tokens_per_s"], was, "training", "ddp_bench tokens/s")
     assert recorded[0]["variant"] == "torch DDP" and recorded[0]["vs_torch"] == 1.0
     for r in recorded:
         assert r["vs_torch"] == pytest.approx(r["tokens_per_s"] / was)

@@ -22,7 +22,7 @@ import json
 
 import pytest
 
-from helpers import ROOT, TIMING_FACTOR, one_line_error, prose, said
+from helpers import ROOT, assert_timing, one_line_error, prose, said
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError
@@ -163,7 +163,7 @@ def test_the_recorded_1f1b_timeline_runs_again_at_its_speed(run) -> None:
     lists = make_schedule("1f1b", p=p, m=4)
     sim = simulate(lists, t_f=t["F"], t_b=t["B"], t_comm=d["message_delay_s"])
     want = max(x.end for r in sim for x in r)
-    assert want / TIMING_FACTOR < fresh < want * TIMING_FACTOR
+    assert_timing(fresh, want, "sleep", "pipeline 1f1b step")
     assert fresh >= (4 + p - 1) * (SLEEP[0] + SLEEP[1])  # m + p - 1 slots of sleep at least
 
 
