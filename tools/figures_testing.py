@@ -5,8 +5,9 @@ Run:  python tools/figures_testing.py        (part of `make figures`)
 For every page under docs/, the code blocks that pytest-codeblocks collects: how many
 run in `make test`, how many of those have their printed output compared, how many are
 skipped and for which reason; and the recorded outputs from docs/generated/ that the
-page includes. tests/docs/test_testing_page.py rebuilds the tables and compares them
-with the files, so the page cannot fall behind the suite.
+page includes; and the numbers in the pages' sentences, by what ties each to data
+(tools/prose_numbers.py). tests/docs/test_testing_page.py rebuilds the tables and
+compares them with the files, so the page cannot fall behind the suite.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pytest_codeblocks import extract_from_file
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 OUT = DOCS / "generated" / "testing"
-OUTPUTS = [OUT / "pages.md", OUT / "summary.md", OUT / "tests.md"]
+OUTPUTS = [OUT / "pages.md", OUT / "summary.md", OUT / "tests.md", OUT / "prose_numbers.md"]
 TESTS = ROOT / "tests"
 
 RUN_SYNTAX = ("python", "sh", "bash")  # the blocks pytest-codeblocks runs; others are text
@@ -123,12 +124,40 @@ def tests_table(tests: Path = TESTS) -> str:
     return "\n".join(lines) + "\n"
 
 
+def prose_numbers_table() -> str:
+    """The numbers in the pages' sentences, by what ties each to data, and by rule."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import prose_numbers
+
+    report = prose_numbers.check()
+    counts = report.counts()
+    rules = Counter(n.why for n in report.numbers if n.tie == "rule")
+    pages = len({n.page for n in report.numbers})
+    rows = [
+        ("in a compared output or an included recording of the same page", counts["data"]),
+        ("read by a test that compares it with the data", counts["test"]),
+        ("a version after the name of what it versions", counts["version"]),
+        *(
+            (f"by rule: {rule} ({prose_numbers.RULES[rule]})", rules[rule])
+            for rule in sorted(rules)
+        ),
+        ("**untied**", counts["untied"]),
+    ]
+    lines = ["| how the number is tied | numbers |", "|---|--:|"]
+    lines += [f"| {how} | {n} |" for how, n in rows]
+    lines.append(f"| **all, on {pages} pages** | **{len(report.numbers)}** |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     counts = count_pages()
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "pages.md").write_text(pages_table(counts))
     (OUT / "summary.md").write_text(summary(counts))
     (OUT / "tests.md").write_text(tests_table())
+    (OUT / "prose_numbers.md").write_text(prose_numbers_table())
     print(summary(counts), end="")
     return 0
 

@@ -32,12 +32,18 @@ def test_the_tests_table_is_that_of_the_tests_today(tool: ModuleType) -> None:
     assert (tool.OUT / "tests.md").read_text() == tool.tests_table(), FIX
 
 
+def test_the_prose_numbers_table_is_that_of_the_pages_today(tool: ModuleType) -> None:
+    table = tool.prose_numbers_table()
+    assert (tool.OUT / "prose_numbers.md").read_text() == table, FIX
+    assert "| **untied** | 0 |" in table  # what tests/docs/test_prose_numbers.py enforces
+
+
 def test_the_home_page_and_the_testing_page_show_the_totals() -> None:
     include = '--8<-- "docs/generated/testing/summary.md"'
     home = (ROOT / "docs" / "index.md").read_text()
     assert include in home and "(start/testing.md)" in home
     page = (ROOT / "docs" / "start" / "testing.md").read_text()
-    for name in ("summary", "pages", "tests"):
+    for name in ("summary", "pages", "tests", "prose_numbers"):
         assert f'--8<-- "docs/generated/testing/{name}.md"' in page
 
 

@@ -22,6 +22,10 @@ PROSE_RULES: dict[str, list[tuple[str, str]]] = {
         ("at 16 bytes per parameter", "definition"),
         ("no index appears twice", "not a number"),
     ],
+    "start/testing.md": [
+        ('A sentence that says "the step took 12.5 s" or "halves the memory"', "example"),
+        ('the words that state a ratio ("halves", "twice", "a third", "most of")', "example"),
+    ],
     "start/overview.md": [
         ("cut short to 20 steps", "definition"),
         (
