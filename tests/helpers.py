@@ -28,6 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # wake-ups on a loaded machine).
 TIMING_FACTORS = {"sleep": 2.0, "training": 10.0, "microseconds": 40.0}
 TIMING_FACTOR = 100  # the old single factor; test_generated_week2/3 move off it
+# run_on_ranks' bounds, spelled out: every wait bounded, so a hang fails the test
+TIMEOUTS = {"timeout_s": 30.0, "deadline_s": 120.0}
 
 
 def timing_ratio(fresh: float, recorded: float, what: str) -> float:
