@@ -61,7 +61,7 @@ UNITS = (
 )
 NUMBER = re.compile(
     r"(?<![\w.\-/])"  # not the tail of a name (fp8, ZeRO-3, H200, v2.1)
-    r"(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?(?:[eE][-+]?\d+)?|10[⁻⁰¹²³⁴⁵⁶⁷⁸⁹]+)"
+    r"(?P<num>10[⁻⁰¹²³⁴⁵⁶⁷⁸⁹]+|\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)"
     r"(?P<tail>(?:\s?(?:" + UNITS[3:-1] + r"))(?![\w/])|[a-zA-Z]*)"
 )
 RATIO_WORDS = re.compile(

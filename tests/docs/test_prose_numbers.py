@@ -38,7 +38,7 @@ def test_the_check_finds_every_kind_of_number() -> None:
     page = prose_numbers.Page.read(
         "x.md",
         "The step took 12.5 s, twice as long, at 1,024 tokens/s and 26 % of the peak.\n"
-        "Its loss was 6.9146 and the tolerance 1e-6.\n"
+        "Its loss was 6.9146 and the tolerance 1e-6, or 10⁻⁸.\n"
         "In `code 3.5 s` and a link [12 s](https://example.com/7.5) nothing counts.\n"
         "```bash\necho 9.5 s\n```\n"
         "ZeRO-3 on 8 GPUs of an H200, in fp8 and 2D, with torch 2.14.1 and DeepSpeed 0.19.\n",
@@ -50,6 +50,7 @@ def test_the_check_finds_every_kind_of_number() -> None:
         ("26 %", ""),
         ("6.9146", ""),
         ("1e-6", ""),
+        ("10⁻⁸", ""),
         ("12 s", ""),
         ("0.19", "version"),
         ("twice", ""),
