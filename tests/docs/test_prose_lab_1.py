@@ -14,12 +14,19 @@ the data; the self-check changes one number in a copy of the text and sees it fa
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import math
 import re
 
 import pytest
 
 from helpers import ROOT, fails_when_changed, prose, said
+from tinyscale.core.config import load_model_config
+from tinyscale.core.data import build_datasets
+from tinyscale.core.memory import RECIPES
 from tinyscale.core.metrics import read_metrics
+from tinyscale.core.model import count_parameters
 
 PAGE = "workshop/lab-1.md"
 LAB1 = ROOT / "docs" / "generated" / "lab1"
@@ -71,8 +78,54 @@ def check_counts(text: str) -> None:
     )
     assert (int(said_blocks.replace(",", "")), int(said_steps)) == (blocks, steps)
 
+    per_param, session_a = said(
+        text, r"Together, (\d+) bytes per parameter — \[Session A's (\d+)\]\(session-a\.md"
+    )
+    (total,) = said(text, r"total +([\d,]+) B")
+    assert int(per_param) == int(total.replace(",", "")) / params == 12
+    assert int(session_a) == sum(RECIPES["fp32"]), "weights, gradients, Adam"
+    assert int(per_param) == int(session_a) - RECIPES["fp32"][1], "minus the gradients"
 
-@pytest.mark.parametrize("check", [check_what_to_notice, check_counts])
+
+def check_shapes(text: str) -> None:
+    """Doubling hidden_size more than doubles the count, in the page's output and the code."""
+    said(text, r"Doubling `hidden_size` more than doubles the model, because the matrices")
+    base = load_model_config(ROOT / "code" / "config" / "config.json")
+    wide = dataclasses.replace(base, hidden_size=2 * base.hidden_size)
+    counts = dict(
+        re.findall(r"(config\.json|\{'hidden_size': (?:\d+)\}) +([\d,]+) parameters", text)
+    )
+    shown = {k: int(v.replace(",", "")) for k, v in counts.items()}
+    assert shown == {
+        "config.json": count_parameters(base),
+        f"{{'hidden_size': {wide.hidden_size}}}": count_parameters(wide),
+    }
+    assert count_parameters(wide) > 2 * count_parameters(base)
+
+
+def check_heldout(text: str) -> None:
+    """The held-out share (the code's default) and the uniform guess's loss (ln vocab)."""
+    (percent,) = said(text, r"And the last (\d+) % of the stream is held out — never trained on")
+    fraction = inspect.signature(build_datasets).parameters["heldout_fraction"].default
+    assert int(percent) == round(100 * fraction)
+    header = (LAB1 / "train.txt").read_text().splitlines()[0]
+    train, held = (
+        int(x.replace(",", ""))
+        for x in re.findall(r"([\d,]+) (?:training|held-out) blocks", header)
+    )
+    assert round(100 * held / (train + held)) == int(percent), "the recorded run's split"
+    asked, vocab, ln_of, loss = said(
+        text,
+        r"Why is the first held-out loss about ([\d.]+)\?\" The untrained model's logits are near "
+        r"zero, so its prediction is close to uniform over (\d+) tokens\. The cross-entropy of a "
+        r"uniform guess is ln\((\d+)\) ≈ ([\d.]+)\.",
+    )
+    assert int(vocab) == int(ln_of) == load_model_config().vocab_size
+    assert float(asked) == float(loss) == round(math.log(int(vocab)), 2)
+    assert abs(heldout()[0]["loss"] - float(loss)) < 0.05, "the recorded first held-out loss"
+
+
+@pytest.mark.parametrize("check", [check_what_to_notice, check_counts, check_shapes, check_heldout])
 def test_the_pages_numbers_are_those_of_the_recorded_runs(check) -> None:
     check(prose(PAGE))
 
@@ -86,6 +139,10 @@ def test_the_pages_numbers_are_those_of_the_recorded_runs(check) -> None:
         (check_counts, "(678,912 B × 2)", "(169,728 B × 2)"),
         (check_counts, "4-layer model (270,000)", "4-layer model (300,000)"),
         (check_counts, "the 414 steps of two epochs", "the 424 steps of two epochs"),
+        (check_counts, "Together, 12 bytes", "Together, 8 bytes"),
+        (check_shapes, "more than doubles the model", "more than triples the model"),
+        (check_heldout, "the last 10 % of", "the last 20 % of"),
+        (check_heldout, "ln(1024) ≈ 6.93.", "ln(1024) ≈ 6.94."),
     ],
 )
 def test_self_check_a_changed_number_fails(check, old: str, new: str) -> None:

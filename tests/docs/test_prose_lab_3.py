@@ -8,6 +8,7 @@ sentence's three speed-ups with the tables; this one checks the rest:
 - the barrier's recorded run (docs/generated/lab3/barrier.json, barrier_timeout.txt): the
   ranks 0.5 s apart, the 3 s timeout, everyone leaving within a few milliseconds of the
   last arrival, the first rank waiting as long as the last was late;
+- the slack the two-rank barrier's compared block allows, as the page states it;
 - the gradients that cross the loopback: the Lab config's parameters in fp32.
 
 Speed-ups differ from run to run: when `make figures` records new ones, these tests fail
@@ -81,13 +82,22 @@ def check_barrier(text: str) -> None:
     assert len(rows) == 4 and delays == [k * float(later) for k in range(4)]
 
 
+def check_barrier_slack(text: str) -> None:
+    """The slack the page explains is the one its compared two-rank block allows."""
+    (slack,) = said(text, r"\(([\d.]+) s: the first barrier that lines the ranks up releases them")
+    (in_code,) = said(text, r'early\["arrived"\] >= 1\.0 - ([\d.]+)\)')
+    assert float(slack) == float(in_code)
+
+
 def check_gradient_bytes(text: str) -> None:
     (megabytes,) = said(text, r"The gradients \(([\d.]+) MB\) go over 127\.0\.0\.1")
     params = sum(p.numel() for p in TinyTransformer(load_model_config()).parameters())
     assert float(megabytes) == round(params * 4 / 1e6, 1)
 
 
-@pytest.mark.parametrize("check", [check_scaling, check_barrier, check_gradient_bytes])
+@pytest.mark.parametrize(
+    "check", [check_scaling, check_barrier, check_barrier_slack, check_gradient_bytes]
+)
 def test_the_pages_numbers_are_those_of_the_recorded_runs(check) -> None:
     check(prose(PAGE))
 
@@ -98,6 +108,7 @@ def test_the_pages_numbers_are_those_of_the_recorded_runs(check) -> None:
         (check_scaling, "global batch of 32, 30 steps", "global batch of 32, 40 steps"),
         (check_barrier, "each 0.5 s later", "each 1.0 s later"),
         (check_barrier, "with a 3 s timeout", "with a 5 s timeout"),
+        (check_barrier_slack, "(0.05 s: the first", "(0.5 s: the first"),
         (check_gradient_bytes, "(0.7 MB)", "(2.7 MB)"),
     ],
 )
