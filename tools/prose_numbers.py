@@ -47,7 +47,8 @@ RULES = {
     "source": "a figure from outside this machine, its source named in the same sentence",
     "arithmetic": "derived on the page from numbers beside it, the arithmetic shown",
     "example": "an input the text chooses for a worked example (a 70B model, 8 GPUs)",
-    "not a number": "a word that reads like a ratio but states none (the second half of a page)",
+    "not a number": "a word or figure that states no quantity: a ratio-looking word (the second"
+    " half of a page), an identifier (an arXiv id, a section number)",
 }
 # --8<-- [end:rules]
 
