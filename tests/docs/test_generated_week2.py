@@ -3,7 +3,7 @@
 tools/figures_week2_sharding.py ran benchmarks/bench_sharding.py twice and wrote the
 medians, the tables and the sentence the page quotes. These tests rebuild the text from
 the medians and run one cheap round of the benchmark (1 round of 1 step), whose tokens/s
-must land within helpers.TIMING_FACTOR of the recording.
+must land within helpers.TIMING_FACTORS["training"] of the recording.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from helpers import ROOT, TIMING_FACTOR, load_tool
+from helpers import ROOT, assert_timing, load_tool
 
 RECORDED = ROOT / "docs" / "generated" / "week2"
 
@@ -49,7 +49,7 @@ def test_one_cheap_round_runs_every_variant(tool) -> None:
     recorded = json.loads((RECORDED / "sharding_bench.json").read_text())["runs"][0]
     for name, tokens_per_s in fresh.items():
         was = recorded[name]
-        assert was / TIMING_FACTOR < tokens_per_s < was * TIMING_FACTOR, (name, tokens_per_s)
+        assert_timing(tokens_per_s, was, "training", f"sharding bench {name} tokens/s")
 
 
 def test_the_zero_table_is_the_benchmarks_report_of_the_recorded_rows() -> None:
