@@ -9,8 +9,8 @@ operands (weights and activations to e4m3, output gradients to e5m2), multiplies
 with ``torch._scaled_mm``, which takes the two scales and returns float32, and hands
 float32 on. The weights themselves stay float32 ("master weights"), and so does the
 optimizer: fp8 exists only inside the matmuls. On an H100 the fp8 tensor cores have twice
-the peak rate of bf16 (large matmuls get most of it); on a CPU ``_scaled_mm`` is a
-reference kernel, so here fp8 shows its numerics, not its speed.
+the peak rate of bf16 (NVIDIA's data sheet); on a CPU ``_scaled_mm`` is a reference
+kernel, so here fp8 shows its numerics, not its speed.
 """
 
 from collections.abc import Sequence

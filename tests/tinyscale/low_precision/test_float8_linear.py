@@ -1,13 +1,17 @@
 """tinyscale.low_precision.scaling and float8_linear: scales, delayed scaling, and the three
 fp8 matmuls of Float8Linear against an fp32 emulation of the same casts (parity), then
 against fp32 itself (the error fp8 costs). In-process, a few seconds.
+
+Delayed scaling is checked twice: on its own, over a history whose max is not the current
+tensor's amax, and inside Float8Linear after steps that filled its histories (on a first
+step, with no history, it is tensorwise).
 """
 
 import pytest
 import torch
 from torch import nn
 
-from helpers import one_line_error
+from helpers import one_line_error, prose, said
 from tinyscale.core.config import ModelConfig
 from tinyscale.core.model import TinyTransformer
 from tinyscale.low_precision.float8_linear import (
@@ -20,10 +24,16 @@ from tinyscale.low_precision.scaling import (
     E4M3,
     E5M2,
     DelayedScaling,
+    amax_scale,
     compute_scale,
     dequantize,
     quantize,
 )
+
+# Parity: our fp8 matmuls against the fp32 emulation of their casts. The same casts, one
+# product summed in another order by the fp8 kernel: float32 rounding only.
+PARITY_RTOL, PARITY_ATOL = 1e-5, 1e-6
+PARITY = {"rtol": PARITY_RTOL, "atol": PARITY_ATOL}
 
 
 def emulated(t: torch.Tensor, dtype: torch.dtype, scale: torch.Tensor) -> torch.Tensor:
@@ -66,6 +76,72 @@ def test_delayed_scaling_uses_the_past_amax_and_saturates_one_step_on_a_jump() -
     assert "history >= 1" in one_line_error(DelayedScaling, history=0)
 
 
+def test_delayed_scaling_follows_the_historys_max_not_the_current_amax() -> None:
+    history = DelayedScaling(history=3)
+    amaxes = [8.0, 2.0, 1.0, 0.5, 0.25, 4.0]
+    # The max of the last 3 amaxes before each step (the first step has none: its own):
+    # 8 | 8 | 8, 2 | 8, 2, 1 | 2, 1, 0.5 | 1, 0.5, 0.25; and fmax / that max.
+    expected = [448 / 8, 448 / 8, 448 / 8, 448 / 8, 448 / 2, 448 / 1]
+    got = [history.scale(torch.tensor([-a, a / 3]), E4M3).item() for a in amaxes]
+    assert got == expected
+    current = [448 / a for a in amaxes]
+    assert all(g != c for g, c in zip(got[1:], current[1:], strict=True))  # not tensorwise
+    assert history.amaxes == amaxes[-3:]  # the window keeps the last 3
+    x = torch.tensor([4.0, 0.5])  # the last step: its amax 4 is past the history's max 1
+    assert quantize(x, E4M3, torch.tensor(got[-1])).float().max().item() == 448.0  # saturated
+
+
+def test_float8_linear_delayed_uses_its_amax_histories_after_the_first_step() -> None:
+    """Step 1 fills the histories with large amaxes; step 2's x, weight and dy are smaller,
+    so step 2 must scale them by step 1's amaxes, and its three matmuls must equal the
+    emulation with those scales (and differ from the tensorwise ones of step 2's own)."""
+    torch.manual_seed(0)
+    layer = Float8Linear(64, 32, recipe="delayed", history=4)
+    x1, dy1 = torch.randn(16, 64) * 4, torch.randn(16, 32) * 1e-1
+    y1 = layer(x1.requires_grad_())
+    torch.autograd.grad(y1, (x1, layer.weight), dy1)
+    w1 = layer.weight.detach().clone()
+    with torch.no_grad():
+        layer.weight.mul_(0.25)  # as if an update shrank it
+    x2 = (torch.randn(16, 64) * 0.5).requires_grad_()
+    dy2 = torch.randn(16, 32) * 1e-3
+    y2 = layer(x2)
+    dx, dw = torch.autograd.grad(y2, (x2, layer.weight), dy2)
+    w2 = layer.weight.detach()
+    amax = {  # the largest amax of the history, step 1's for each of the three operands
+        "x": max(x1.abs().max(), x2.abs().max()),
+        "w": max(w1.abs().max(), w2.abs().max()),
+        "dy": max(dy1.abs().max(), dy2.abs().max()),
+    }
+    assert amax["x"] == x1.abs().max() and amax["w"] == w1.abs().max()
+    assert amax["dy"] == dy1.abs().max()
+    s_x, s_w = amax_scale(amax["x"], E4M3), amax_scale(amax["w"], E4M3)
+    s_dy = amax_scale(amax["dy"], E5M2)
+
+    def matmuls(s_x, s_w, s_dy):
+        x = x2.detach()
+        return (
+            emulated(x, E4M3, s_x) @ emulated(w2.t(), E4M3, s_w) + layer.bias.detach(),
+            emulated(dy2, E5M2, s_dy) @ emulated(w2, E4M3, s_w),
+            emulated(dy2.t(), E5M2, s_dy) @ emulated(x, E4M3, s_x),
+        )
+
+    for ours, reference in zip((y2.detach(), dx, dw), matmuls(s_x, s_w, s_dy), strict=True):
+        torch.testing.assert_close(ours, reference, **PARITY)
+    own = matmuls(*(compute_scale(t, d, "tensorwise", 0)
+                    for t, d in ((x2.detach(), E4M3), (w2, E4M3), (dy2, E5M2))))  # fmt: skip
+    for ours, tensorwise in zip((y2.detach(), dx, dw), own, strict=True):
+        assert not torch.allclose(ours, tensorwise, **PARITY)  # the history, not step 2's amax
+
+
+def test_the_page_states_the_parity_tolerance() -> None:
+    (tolerance,) = said(
+        prose("week-3/fp8.md"),
+        r"to match within a relative tolerance of ([\de.-]+), for every recipe",
+    )
+    assert float(tolerance) == PARITY_RTOL
+
+
 @pytest.mark.parametrize("granularity", ["tensorwise", "rowwise"])
 def test_scaled_mm_equals_the_fp32_emulation_of_its_casts(granularity: str) -> None:
     torch.manual_seed(0)
@@ -73,9 +149,7 @@ def test_scaled_mm_equals_the_fp32_emulation_of_its_casts(granularity: str) -> N
     sa = compute_scale(a, E4M3, granularity, dim=1)
     sb = compute_scale(b, E5M2, granularity, dim=0)
     reference = emulated(a, E4M3, sa) @ emulated(b, E5M2, sb)
-    torch.testing.assert_close(
-        fp8_matmul(a, b, E4M3, E5M2, sa, sb), reference, rtol=1e-5, atol=1e-6
-    )
+    torch.testing.assert_close(fp8_matmul(a, b, E4M3, E5M2, sa, sb), reference, **PARITY)
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
@@ -101,7 +175,7 @@ def test_float8_linear_forward_and_backward_equal_their_emulation(recipe: str) -
     dw_ref = emulated(flat_dy.t(), E5M2, scale(flat_dy.t(), E5M2, 1)) @ emulated(
         flat_x, E4M3, scale(flat_x, E4M3, 0)
     )
-    close = {"rtol": 1e-5, "atol": 1e-6}
+    close = PARITY
     torch.testing.assert_close(y.detach(), (y_ref + layer.bias.detach()).reshape(2, 8, 32), **close)
     torch.testing.assert_close(dx, dx_ref.reshape(2, 8, 64), **close)
     torch.testing.assert_close(dw, dw_ref, **close)

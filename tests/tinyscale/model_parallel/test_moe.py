@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import prose, said
 from tinyscale.core.config import ModelConfig
 from tinyscale.core.model import FeedForward, TinyTransformer
 from tinyscale.model_parallel.moe import (
@@ -49,6 +50,13 @@ def test_the_layer_is_the_per_token_definition(k, factor) -> None:
         out.reshape(-1, 16) - per_token(layer, x.reshape(-1, 16))
     ).abs().max() < SAME_SUMS_REORDERED
     assert (layer.dropped > 0) == (factor is not None)  # random routing overflows C = kT/E
+
+
+def test_the_page_states_the_tolerance() -> None:
+    (tolerance,) = said(
+        prose("week-3/moe.md"), r"requires the same output to ([\de.-]+), for k = 1 and 2"
+    )
+    assert float(tolerance) == SAME_SUMS_REORDERED
 
 
 def test_one_expert_is_the_dense_ffn() -> None:
