@@ -27,7 +27,6 @@ ROOT = Path(__file__).resolve().parents[1]
 # tokens/s 0.15x to 1.8x (one step of bf16 on a CPU); a kernel or a small message of a
 # few microseconds 0.18x to 26x (it waits for process wake-ups on a loaded machine).
 TIMING_FACTORS = {"sleep": 2.0, "training": 20.0, "microseconds": 40.0}
-TIMING_FACTOR = 100  # the old single factor; test_generated_week2/3 move off it
 # run_on_ranks' bounds, spelled out: every wait bounded, so a hang fails the test
 TIMEOUTS = {"timeout_s": 30.0, "deadline_s": 120.0}
 

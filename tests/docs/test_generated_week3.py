@@ -6,7 +6,7 @@ recompute the simulator's side exactly from the action lists, check the recorded
 against the simulator fed with the run's own durations, rebuild the page's table from the
 numbers. The cheap point re-run (1F1B on 2 ranks, the same stand-in compute) is in
 tests/tinyscale/model_parallel/test_pipeline.py, whose launch already times it: its step
-must land within helpers.TIMING_FACTOR of what pipeline_1f1b.json's durations predict.
+must land within helpers.TIMING_FACTORS["sleep"] of what pipeline_1f1b.json's durations predict.
 """
 
 from __future__ import annotations
