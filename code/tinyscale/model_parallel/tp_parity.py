@@ -173,3 +173,27 @@ def demo(world_size: int = 2) -> None:
 
 
 # --8<-- [end:demo]
+
+
+# --8<-- [start:exercise]
+def norm_gradients() -> list[tuple[float, float]]:
+    """Exercise 2, on each rank: how far its gradient of the first LayerNorm's weight is from
+    one process's after one backward pass, before and after ``sync_sequence_parallel_grads``
+    (it sums nothing without sequence parallelism): for plain TP, then for TP + SP."""
+    cfg = preset("tiny")
+    found = []
+    for sp in (False, True):
+        torch.manual_seed(0)
+        model = TinyTransformer(cfg)
+        split = TensorParallelTransformer(copy.deepcopy(model), sequence_parallel=sp)
+        ids = torch.randint(0, cfg.vocab_size, (4, cfg.max_position_embeddings))
+        model(ids, ids)[1].backward()
+        split(ids, ids)[1].backward()
+        whole = model.blocks[0].ln1.weight.grad
+        before = (split.blocks[0].ln1.weight.grad - whole).abs().max().item()
+        split.sync_sequence_parallel_grads()
+        found.append((before, (split.blocks[0].ln1.weight.grad - whole).abs().max().item()))
+    return found
+
+
+# --8<-- [end:exercise]

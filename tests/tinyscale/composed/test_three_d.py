@@ -159,8 +159,12 @@ def test_the_pages_sentences_are_the_run(shapes) -> None:
     stage_1 = pp_tp[2].sent
     assert f"{stage_1['tp']:,} bytes on stage 1 at tp 2 against {stage_1['pp']:,}" in text
     dp_pp = by[(2, 2, 1)].ranks
-    assert f"({dp_pp[0].params:,} at tp 1, {pp_tp[0].params:,} at tp 2)" in text
-    assert f"({dp_pp[0].activations:,} bytes, then {pp_tp[0].activations:,})" in text
+    params = pp_tp[0].params / dp_pp[0].params  # a stage at tp 2 against tp 1: not a half
+    assert f"parameters to {params:.2f} of tp 1's ({dp_pp[0].params:,} at tp 1, " in text
+    assert f"{pp_tp[0].params:,} at tp 2: the norms" in text
+    activations = pp_tp[0].activations / dp_pp[0].activations
+    assert f"saved activations to {activations:.2f} ({dp_pp[0].activations:,} bytes, " in text
+    assert f"then {pp_tp[0].activations:,}: without sequence parallelism" in text
     three = by[(2, 2, 2)].ranks
     assert (f"({pp_tp[0].state:,} elements at dp 1, {three[0].params:,} at dp 2 with tp 2, "
             "within one parameter") in text  # fmt: skip
