@@ -16,6 +16,7 @@ brought to deep learning (A. Gibiansky, 2017). Each rank sends 2 (N − 1) / N �
 a tensor of S bytes, in 2 (N − 1) steps; ``TRAFFIC`` counts the bytes so a test can check.
 """
 
+import os
 from collections import Counter
 from functools import partial
 
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from tinyscale.comm.launch import run_on_ranks
+from tinyscale.core.device import select_device
 from tinyscale.core.errors import UsageError
 
 # Bytes this process has sent, by purpose: "data" (the tensors) and "check" (the shape
@@ -311,7 +313,8 @@ def ping_pong() -> str:
 def compare_with_torch(device: str = "cpu") -> str:
     """ring_all_reduce against dist.all_reduce, and the bytes each rank sent."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    dev = torch.device(device, rank) if device == "cuda" else torch.device(device)
+    # The GPU is picked by the rank on this node: on two nodes of 8, global rank 8 is cuda:0.
+    dev = select_device(device, local_rank=int(os.environ["LOCAL_RANK"]))
     lines = []
     for shape in [(7,), (3, 4), (1000,)]:
         # Whole numbers: float sums of them are exact in any order, so "equal" means equal.

@@ -16,6 +16,7 @@ import contextlib
 import copy
 import dataclasses
 import math
+import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -262,7 +263,7 @@ def compare_with_torch_ddp(
     cfg = cfg or preset("tiny")
     # nccl moves CUDA tensors: one GPU per rank; gloo, CPU tensors
     kind = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    device = select_device(kind, local_rank=dist.get_rank())
+    device = select_device(kind, local_rank=int(os.environ["LOCAL_RANK"]))  # this node's rank
     if device.type == "cuda":
         torch.cuda.set_device(device)
     torch.manual_seed(seed + dist.get_rank())
