@@ -37,7 +37,7 @@ export MKL_CBWR ?= AVX2
 export ONEDNN_MAX_CPU_ISA ?= AVX2
 endif
 
-.PHONY: help setup system-deps serve build test lint format bench figures clean cluster-up cluster-down
+.PHONY: help setup system-deps serve build test lint format bench gpu-check figures clean cluster-up cluster-down
 
 help:
 	@echo "make serve    set up, build and serve the course at http://127.0.0.1:8000"
@@ -45,6 +45,7 @@ help:
 	@echo "make setup    create $(VENV) and install everything (idempotent)"
 	@echo "make lint     ruff check + ruff format --check"
 	@echo "make bench    run the benchmarks (ratios measured side by side)"
+	@echo "make gpu-check  on a CUDA machine: run the pages' GPU blocks that fit it, record each run"
 	@echo "make figures  regenerate every plot and recorded output the site shows"
 	@echo "make clean    remove build outputs (keeps $(VENV))"
 	@echo "make cluster-up    start a 2-node SLURM cluster on this machine (root, Debian: slurm-wlm, munge)"
@@ -110,6 +111,13 @@ test: setup lint build
 
 bench: setup
 	$(PY) benchmarks/run_all.py
+
+# The pages' GPU blocks (tools/gpu_check.py), on a machine with CUDA: the plan first (which
+# blocks fit its GPUs), then those blocks and the tests that need CUDA, each with a time
+# limit, about 10 minutes in all; one record per page in docs/generated/gpu/, which the
+# site shows under each block. `python tools/gpu_check.py --list` prints only the plan.
+gpu-check: setup
+	$(PY) tools/gpu_check.py
 
 figures: setup
 	$(PY) tools/make_figures.py

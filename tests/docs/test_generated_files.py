@@ -22,11 +22,16 @@ PLOTTED_FROM = {  # plots whose data file has another stem
     "week1/ddp_bucket_sweep.png": "week1/ddp_bench.json",
 }
 HERE = Path(__file__).resolve()
+# Folders of one record per page (`make gpu-check`): the writer and the reader name the
+# folder and the pattern of the names (tools/gpu_check.py, tests/docs/test_gpu_blocks.py).
+PER_PAGE = {"gpu": "<part>__<page-stem>.json"}
 
 
 def names(source: str, relative: str) -> bool:
     """Does this source name the generated file: its folder and its name, as strings?"""
     folder, name = relative.rsplit("/", 1)
+    if folder in PER_PAGE and name.endswith(".json"):
+        name = PER_PAGE[folder]
     quoted = (f'"{relative}', f'"{folder}"', f"/{folder}/", f'"{folder}/')
     return any(q in source for q in quoted) and (f'"{name}"' in source or f"/{name}" in source)
 
@@ -80,4 +85,14 @@ def test_self_check_finds_an_unwritten_file_an_unread_file_and_a_bare_plot(
         "lab9/curve.png: a plot with no data file beside it (write lab9/curve.json)",
         "lab9/notes.txt: no script in tools/ writes it",
         "lab9/notes.txt: no test reads lab9/notes.txt",
+    ]
+
+
+def test_self_check_a_record_per_page_is_named_by_its_pattern(tmp_path: Path) -> None:
+    (tmp_path / "gpu").mkdir()
+    (tmp_path / "gpu" / "week-1__collectives.json").write_text("{}")
+    both = ['RECORDS = GENERATED / "gpu"  # gpu/<part>__<page-stem>.json']
+    assert problems(tmp_path, both, both) == []
+    assert problems(tmp_path, ['OUT / "gpu"'], both) == [
+        "gpu/week-1__collectives.json: no script in tools/ writes it"
     ]
