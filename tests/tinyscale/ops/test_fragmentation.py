@@ -1,9 +1,13 @@
 """tinyscale.ops.fragmentation: the fragmentation story the page tells, replayed through the
 allocator model with each setting — measured, not asserted by hand; the command line; and,
-where a GPU exists, the real allocator failing where the model does.
+where a GPU exists, each of the three settings on the real allocator, in a process of its
+own, giving the model's row (skipped without a GPU: "needs GPUs").
 """
 
+import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -16,7 +20,6 @@ from tinyscale.ops.fragmentation import (
     main,
     memory_map,
     replay,
-    replay_on_gpu,
     training_steps,
 )
 
@@ -54,11 +57,39 @@ def test_cli(capsys: pytest.CaptureFixture[str]) -> None:
             main(["--gpu"])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.skipif("PYTORCH_CUDA_ALLOC_CONF" in os.environ, reason="default allocator only")
-def test_the_real_allocator_fails_where_the_model_does() -> None:
+# The real allocator reads PYTORCH_CUDA_ALLOC_CONF once, when CUDA starts: each setting is a
+# fresh process, given its value (or none) whatever this process was started with.
+ON_GPU = """
+import json
+from tinyscale.core.memory import MiB
+from tinyscale.ops.fragmentation import replay_on_gpu, training_steps
+long_step, short_step = [210 * MiB] * 4, [50 * MiB] * 4
+ops = training_steps([long_step, short_step, long_step], keep_bytes=10 * MiB)
+r = replay_on_gpu(ops, capacity=1024 * MiB)
+print(json.dumps([r.ops_done, r.oom, r.peak_allocated, r.peak_reserved]))
+"""
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs GPUs")
+@pytest.mark.parametrize("label", list(SETTINGS))
+def test_the_real_allocator_gives_the_model_row(label: str) -> None:
+    """Each row of the page's table, on a GPU: the same operations done, the same peaks."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}
+    if label != "(default)":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = label
+    out = subprocess.run(
+        [sys.executable, "-c", ON_GPU],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    ).stdout
+    ops_done, oom, peak_allocated, peak_reserved = json.loads(out.splitlines()[-1])
     long_step, short_step = [210 * MiB] * 4, [50 * MiB] * 4
     ops = training_steps([long_step, short_step, long_step], keep_bytes=10 * MiB)
-    real = replay_on_gpu(ops, capacity=GiB)
-    assert real.ops_done == replay(ops, AllocatorConfig(capacity=GiB)).ops_done == 21
-    assert real.oom and "200.00 MiB is reserved by PyTorch but unallocated" in real.oom
+    model = replay(ops, AllocatorConfig(capacity=GiB, **SETTINGS[label]))
+    assert (ops_done, oom is None) == (model.ops_done, model.oom is None)
+    assert (peak_allocated, peak_reserved) == (model.peak_allocated, model.peak_reserved)
+    if label == "(default)":  # fails at the 4th long activation, as the model does
+        assert ops_done == 21 and "200.00 MiB is reserved by PyTorch but unallocated" in oom
