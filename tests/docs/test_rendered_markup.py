@@ -70,9 +70,7 @@ def test_no_markdown_shows_on_any_page(site: Path) -> None:
         for page in pages
         for leak in leaks(page.read_text())
     ]
-    assert not found, "Markdown left unrendered (a line outdented in a fold?):\n" + "\n".join(
-        found
-    )
+    assert not found, "Markdown left unrendered (a line outdented in a fold?):\n" + "\n".join(found)
 
 
 def test_the_check_sees_a_fence_that_escaped_its_fold() -> None:
@@ -81,6 +79,6 @@ def test_the_check_sees_a_fence_that_escaped_its_fold() -> None:
         "<p>```python\nprint(1)\n```</p>"
     )
     assert leaks(broken) == ["```python print(1) ```"]
-    fine = '<details><pre><code>```python\n</code></pre></details><p>a ``` b</p>'
+    fine = "<details><pre><code>```python\n</code></pre></details><p>a ``` b</p>"
     assert leaks(fine) == ["a ``` b"]
     assert leaks("<pre>```</pre><code>???</code><p>??? note</p>") == ["??? note"]
