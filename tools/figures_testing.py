@@ -139,10 +139,7 @@ def prose_numbers_table() -> str:
         ("in a compared output or an included recording of the same page", counts["data"]),
         ("read by a test that compares it with the data", counts["test"]),
         ("a version after the name of what it versions", counts["version"]),
-        *(
-            (f"by rule: {rule} ({prose_numbers.RULES[rule]})", rules[rule])
-            for rule in sorted(rules)
-        ),
+        *((f"by rule, {rule}: {prose_numbers.RULES[rule]}", rules[rule]) for rule in sorted(rules)),
         ("**untied**", counts["untied"]),
     ]
     lines = ["| how the number is tied | numbers |", "|---|--:|"]
