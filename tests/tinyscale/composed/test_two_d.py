@@ -81,7 +81,7 @@ def test_the_planners_numbers_for_this_run_are_the_measurements(runs) -> None:
     assert p.tensor_bytes == runs[0].tensor_bytes and p.data_bytes == runs[0].data_bytes
     states = [4 * r.params + 4 * r.params + 4 * r.state for r in runs]  # weights, grads, Adam
     assert min(states) <= p.states <= max(states)
-    sp = [x for x in recorded_output("week-4/tensor-parallel-from-scratch.md", "tp_parity import")
+    sp = [x for x in recorded_output("week-4/tensor-parallel-from-scratch.md", "tp_parity import demo")
           if x.startswith("TP + SP, t = 2")]  # fmt: skip
     assert f"{p.activations:,} bytes of saved activations" in sp[0]  # measured with SP, t = 2
 
