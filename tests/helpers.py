@@ -4,11 +4,14 @@ A module, not conftest.py: each topic folder of tests/ has its own conftest.py f
 fixtures, and ``from helpers import ...`` would depend on which one Python found first.
 """
 
+import functools
 import importlib.util
+import inspect
 import json
 import os
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -16,6 +19,7 @@ from typing import Any
 import pytest
 from pytest_codeblocks import extract_from_file
 
+from tinyscale.comm.counter import CollectiveCounter
 from tinyscale.core.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,6 +131,64 @@ def one_line_error(fn: Any, *args: Any, **kwargs: Any) -> str:
     message = str(info.value)
     assert message and "\n" not in message, f"not one line: {message!r}"
     return message
+
+
+def usage_error(call: Callable[[], object]) -> str | None:
+    """The message of the UsageError ``call()`` raises, or None when it raises none.
+
+    For misuse checked on ranks, where every rank must go on to the next call alike.
+    """
+    try:
+        call()
+    except UsageError as err:
+        return str(err)
+    return None
+
+
+class CallTimeline(CollectiveCounter):
+    """A CollectiveCounter that also writes down when things happen around its calls.
+
+    ``events`` is one list, in the order things happened on this rank: ``("call", i)``
+    when ``calls[i]`` is made, ``("wait", i)`` when the work it returned is waited for,
+    and whatever the test appends itself (``("grad", name)`` from a gradient hook).
+    ``async_op[i]`` is whether ``calls[i]`` was made with ``async_op=True``. Calls made
+    through ``batch_isend_irecv`` are counted, not written down.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, Any]] = []
+        self.async_op: list[bool] = []
+
+    def _wrap(self, op: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        counted, signature = super()._wrap(op, original), inspect.signature(original)
+
+        @functools.wraps(original)  # __wrapped__ is torch's: dist.P2POp unwraps it
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            i = len(self.calls)
+            work = counted(*args, **kwargs)
+            if len(self.calls) == i:  # paused(): not counted, not written down
+                return work
+            self.events.append(("call", i))
+            self.async_op.append(bool(signature.bind(*args, **kwargs).arguments.get("async_op")))
+            return work if work is None else _TimedWork(work, i, self.events)
+
+        timed.counted_by_tinyscale = True  # type: ignore[attr-defined]
+        return timed
+
+
+class _TimedWork:
+    """A collective's work handle whose ``wait()`` is written into the timeline first."""
+
+    def __init__(self, work: Any, i: int, events: list[tuple[str, Any]]) -> None:
+        self._work, self._i, self._events = work, i, events
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        self._events.append(("wait", self._i))
+        return self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
 
 
 def prose(page: str) -> str:

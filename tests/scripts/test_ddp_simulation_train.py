@@ -20,14 +20,14 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers import ROOT, load_script
+from helpers import ROOT
 from tinyscale.comm.launch import free_port
-from tinyscale.core.errors import run_cli
 
 SCRIPT = "code/scripts/ddp_simulation_train.py"
 LAB_ARGS = ["--max-steps", "40", "--log-every", "1"]  # the page's command, logged every step
@@ -168,25 +168,9 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize("argv,env,message", BAD_INPUTS, ids=lambda v: None)
 def test_bad_input_is_one_line_and_exit_code_2(
-    argv: list[str],
-    env: dict[str, str],
-    message: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    argv: list[str], env: dict[str, str], message: str, bad_input: Callable[..., str]
 ) -> None:
-    base = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
-    for key, value in {**base, **env}.items():
-        if value:
-            monkeypatch.setenv(key, value)
-        else:
-            monkeypatch.delenv(key, raising=False)
-    script = load_script("ddp_simulation_train")
-    out = tmp_path / "out"
-    argv = [*argv, "--output-dir", str(out), "--log-dir", str(tmp_path / "logs")]
-    assert run_cli(script.main, argv) == 2
-    assert capsys.readouterr().err == message + "\n"
-    assert not out.exists() and not (tmp_path / "logs").exists()
+    assert bad_input("ddp_simulation_train", argv, **env) == message
 
 
 def test_help_exits_cleanly() -> None:

@@ -21,6 +21,7 @@ import math
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -201,13 +202,7 @@ def write(path: Path, text: str) -> Path:
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(
-    script: ModuleType,
-    one_rank: None,
-    tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-    config: str,
-    extra: list[str],
-    message: str,
+    bad_input: Callable[..., str], tmp_path: Path, config: str, extra: list[str], message: str
 ) -> None:
     if (CONFIGS / config).is_file():
         path = CONFIGS / config
@@ -215,13 +210,7 @@ def test_bad_input_is_one_line_and_writes_nothing(
         path = tmp_path / config  # does not exist
     else:
         path = write(tmp_path / "ds.json", config)
-    out = tmp_path / "run"
-    argv = ["--deepspeed-config", str(path), "--output-dir", str(out), *extra]
-    assert run_cli(script.main, [*argv, "--log-dir", str(tmp_path / "logs")]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and err.count("\n") == 1, err
-    assert message in err
-    assert not out.exists() and not (tmp_path / "logs").exists()
+    assert message in bad_input("deepspeed_train", ["--deepspeed-config", str(path), *extra])
 
 
 def test_resume_refuses_another_world_or_stage(

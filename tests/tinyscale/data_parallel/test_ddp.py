@@ -6,28 +6,25 @@ returns facts; the test functions assert on them:
 - parity: NaiveDDP, BucketedDDP and OverlappedDDP end 5 SGD steps within PARITY_TOLERANCE
   of torch.nn.parallel.DistributedDataParallel, from per-rank random inits (so the
   broadcast at construction matters), and every rank is bit-identical after every step;
-- collective counts, seen by wrapping dist.all_reduce itself: naive = one per trainable
-  tensor, bucketed and overlapped = one per bucket, and the buckets are those of torch's
+- collective counts, seen from outside the classes by a CollectiveCounter (one step's
+  timeline, helpers.CallTimeline): naive = one per trainable tensor, bucketed and overlapped = one per bucket, and the buckets are those of torch's
   own assignment rule;
 - overlap: the first bucket's all-reduce is launched while gradients are still arriving;
 - frozen and unused parameters, no_sync accumulation, and misuse (UsageError).
 """
 
-import contextlib
 import functools
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
 import torch.distributed as dist
+from ddp_helpers import branchy_case, step_events
 from torch import nn
 
-from helpers import assert_timing, load_tool
-from tinyscale.comm.launch import run_on_ranks
+from helpers import ROOT, CallTimeline, assert_timing, load_tool, usage_error
 from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.memory import MiB
@@ -47,59 +44,14 @@ CAP_MB = 0.01  # ~10 KB: the tiny model's 28 tensors (104 KB) fall into several 
 ACCUMULATION_TOLERANCE = 1e-7
 
 
-@contextlib.contextmanager
-def counting_all_reduce(log: list):
-    """Replace dist.all_reduce for the duration: append ("all_reduce", numel) per call."""
-    original = dist.all_reduce
-
-    def counted(tensor, *args, **kwargs):
-        log.append(("all_reduce", tensor.numel()))
-        return original(tensor, *args, **kwargs)
-
-    dist.all_reduce = counted
-    try:
-        yield
-    finally:
-        dist.all_reduce = original
-
-
-def one_step_log(model: nn.Module, batch) -> list:
-    """Collectives and gradient arrivals of one step, in order, seen from outside the class."""
-    log: list = []
-    names = {p: n for n, p in model.module.named_parameters()}
-    handles = [
-        p.register_post_accumulate_grad_hook(lambda p: log.append(("grad", names[p])))
-        for p in model.params
-    ]
-    with counting_all_reduce(log):
-        _, loss = model(*batch)
-        loss.backward()
-        model.finish_gradient_synchronization()
-    for h in handles:
-        h.remove()
-    return log
-
-
-class Branchy(nn.Module):
-    """A frozen layer, and a layer only rank 0 uses (an unused parameter elsewhere)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.frozen = nn.Linear(4, 4).requires_grad_(False)
-        self.used = nn.Linear(4, 4)
-        self.rank0_only = nn.Linear(4, 4)
-        self.extra = True  # False: rank 0 skips the layer too
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.used(self.frozen(x))
-        if dist.get_rank() == 0 and self.extra:
-            x = self.rank0_only(x)
-        return x.square().mean()
+def one_step(model: nn.Module, batch) -> None:
+    model(*batch)[1].backward()
+    model.finish_gradient_synchronization()
 
 
 def multi_rank_facts(full: bool) -> dict:
     """Everything that needs a process group, in one launch; returns facts to assert on."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     facts: dict = {"parity": compare_with_torch_ddp(cfg=CFG, bucket_cap_mb=CAP_MB)}
 
     # collective counts and the order of events, seen from outside the classes
@@ -113,9 +65,8 @@ def multi_rank_facts(full: bool) -> dict:
         "overlapped": functools.partial(OverlappedDDP, bucket_cap_mb=CAP_MB),
     }.items():
         model = wrap(TinyTransformer(CFG))
-        log = one_step_log(model, batch)
         facts[name] = {
-            "log": log,
+            "log": step_events(model, functools.partial(one_step, model, batch)),
             "trainable": len(model.params),
             "buckets": [[id(p) for p in b.params] for b in getattr(model, "buckets", [])],
             "bucket_bytes": [b.nbytes for b in getattr(model, "buckets", [])],
@@ -126,15 +77,7 @@ def multi_rank_facts(full: bool) -> dict:
         return facts
 
     # frozen and unused parameters
-    torch.manual_seed(rank)
-    model = OverlappedDDP(Branchy(), bucket_cap_mb=CAP_MB)
-    x = torch.full((2, 4), float(rank + 1))
-    expected_rank0 = None
-    if rank == 0:  # the gradient rank 0 computes alone; the average divides it by world
-        local = Branchy()
-        local.load_state_dict(model.module.state_dict())
-        local(x).backward()
-        expected_rank0 = local.rank0_only.weight.grad / world
+    model, x, expected_rank0 = branchy_case(functools.partial(OverlappedDDP, bucket_cap_mb=CAP_MB))
     model(x).backward()
     model.finish_gradient_synchronization()
     bucketed = {id(p) for b in model.buckets for p in b.params}
@@ -162,8 +105,7 @@ def multi_rank_facts(full: bool) -> dict:
     micro = [random_batch(CFG, batch_size=2, seq_len=8, step=s, seed=2) for s in (0, 1)]
     ours = OverlappedDDP(TinyTransformer(CFG), bucket_cap_mb=CAP_MB)
     ours.module.load_state_dict(base.state_dict())
-    log: list = []
-    with counting_all_reduce(log):
+    with CallTimeline() as counter:
         with ours.no_sync():
             ours(*micro[0])[1].backward()
         ours(*micro[1])[1].backward()
@@ -174,7 +116,7 @@ def multi_rank_facts(full: bool) -> dict:
         reference(x, y)[1].backward()
     reference.finish_gradient_synchronization()
     facts["no_sync"] = {
-        "all_reduces": len(log),
+        "all_reduces": counter.ops()["all_reduce"],
         "buckets": len(ours.buckets),
         "max_diff": max(
             (a.grad - b.grad).abs().max().item()
@@ -183,20 +125,13 @@ def multi_rank_facts(full: bool) -> dict:
     }
 
     # misuse: one UsageError message per mistake
-    errors = {}
     model = OverlappedDDP(TinyTransformer(CFG), bucket_cap_mb=CAP_MB)
-    for mistake, action in {
-        "finish before backward": model.finish_gradient_synchronization,
-        "forward twice": lambda: (model(*batch)[1].backward(), model(*batch)),
-        "all frozen": lambda: NaiveDDP(nn.Linear(2, 2).requires_grad_(False)),
-    }.items():
-        try:
-            action()
-            errors[mistake] = None
-        except UsageError as err:
-            errors[mistake] = str(err)
+    facts["errors"] = {
+        "finish before backward": usage_error(model.finish_gradient_synchronization),
+        "forward twice": usage_error(lambda: (model(*batch)[1].backward(), model(*batch))),
+        "all frozen": usage_error(lambda: NaiveDDP(nn.Linear(2, 2).requires_grad_(False))),
+    }
     model.finish_gradient_synchronization()  # the pending step completes: no hang at exit
-    facts["errors"] = errors
 
     # the exercise: a DDP that forgets to divide by the world size
     facts["forgetful"] = {o: update_size_ratio(optimizer=o) for o in ("sgd", "adamw")}
@@ -204,20 +139,10 @@ def multi_rank_facts(full: bool) -> dict:
     return facts
 
 
-@functools.cache
-def launch(world: int) -> list[dict]:
-    """One launch per world size for the whole module; world 2 also runs the extra checks."""
-    return run_on_ranks(multi_rank_facts, world, world == 2, deadline_s=240)
-
-
 @pytest.fixture(params=[2, 4], ids=["world2", "world4"])
 def facts(request) -> tuple[int, list[dict]]:
-    return request.param, launch(request.param)
-
-
-@pytest.fixture
-def world2() -> list[dict]:
-    return launch(2)
+    """Both launches (conftest.py: world2 runs the extra checks too)."""
+    return request.param, request.getfixturevalue(f"world{request.param}")
 
 
 # --- parity with torch DDP -------------------------------------------------------------
@@ -357,24 +282,19 @@ def test_forgetting_to_average_makes_the_sgd_update_world_size_times_too_large(w
 # --- the benchmark runs (a smoke test: no timings are asserted) ------------------------
 
 
-def test_benchmark_measures_every_variant_side_by_side() -> None:
+def test_benchmark_measures_every_variant_side_by_side(bench_ddp: ModuleType) -> None:
     """One cheap round of the recorded benchmark, and the recorded table checked.
 
     The recorded files are tools/figures_week1_ddp.py's run.
     Tolerance on the times: helpers.TIMING_FACTORS["training"].
     """
-    root = Path(__file__).resolve().parents[3]
-    path = root / "benchmarks" / "bench_ddp.py"
-    spec = importlib.util.spec_from_file_location("bench_ddp", path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["bench_ddp"] = bench  # the spawned ranks import it by this name
-    spec.loader.exec_module(bench)
+    bench = bench_ddp
     rows = bench.rows(sweep=(1.0,), rounds=1, steps=1)
     assert [r["kind"] for r in rows] == ["torch", "naive", "bucketed", "overlapped"]
     assert all(r["tokens_per_s"] > 0 for r in rows)
     assert rows[0]["vs_torch"] == 1.0
     assert "vs torch DDP" in bench.report(rows)
-    recorded_dir = root / "docs" / "generated" / "week1"
+    recorded_dir = ROOT / "docs" / "generated" / "week1"
     recorded = json.loads((recorded_dir / "ddp_bench.json").read_text())
     was = recorded[0]["tokens_per_s"]
     assert_timing(rows[0]["tokens_per_s"], was, "training", "ddp_bench tokens/s")

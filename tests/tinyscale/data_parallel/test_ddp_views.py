@@ -10,23 +10,19 @@ One run_on_ranks launch per world size gathers the facts (world 4: parity only):
 - unused and frozen parameters; misuse is a one-line UsageError.
 """
 
-import contextlib
 import functools
-import importlib.util
 import json
 import math
-import sys
-from collections.abc import Iterator
-from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
 import torch.distributed as dist
+from ddp_helpers import branchy_case, step_events
 from torch import nn
 
-from helpers import TIMEOUTS, load_tool
+from helpers import ROOT, CallTimeline, load_tool, usage_error
 from tinyscale.comm.comm_model import assign_buckets
-from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.memory import MiB
@@ -42,7 +38,6 @@ from tinyscale.data_parallel.ddp_views import (
 
 CFG = preset("tiny")
 CAP_MB, FIRST_MB = 0.02, 0.005  # the tiny model's 0.1 MB of gradients: 4 buckets, a small first
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def in_buffer(grad: torch.Tensor, buffer: torch.Tensor) -> bool:
@@ -64,8 +59,7 @@ def train_with_no_sync(wrap, base: nn.Module, micro: list, steps: int = 3) -> di
     model = wrap(copy_of(base), CAP_MB)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     finish = getattr(model, "finish_gradient_synchronization", lambda: None)
-    log: list = []
-    with counting_all_reduce(log):
+    with CallTimeline() as counter:
         for _ in range(steps):
             with model.no_sync():
                 model(*micro[0])[1].backward()
@@ -73,23 +67,16 @@ def train_with_no_sync(wrap, base: nn.Module, micro: list, steps: int = 3) -> di
             finish()
             opt.step()
             opt.zero_grad(set_to_none=False)
-    return {"params": flat_params(model), "all_reduces": len(log), "model": model}
+    return {
+        "params": flat_params(model),
+        "all_reduces": counter.ops()["all_reduce"],
+        "model": model,
+    }
 
 
-@contextlib.contextmanager
-def counting_all_reduce(log: list) -> Iterator[None]:
-    """Replace dist.all_reduce for the duration: append the numel of each call's tensor."""
-    original = dist.all_reduce
-
-    def counted(tensor, *args, **kwargs):
-        log.append(tensor.numel())
-        return original(tensor, *args, **kwargs)
-
-    dist.all_reduce = counted
-    try:
-        yield
-    finally:
-        dist.all_reduce = original
+def one_step(model: ViewDDP, batch) -> None:
+    model(*batch)[1].backward()
+    model.finish_gradient_synchronization()
 
 
 def copy_of(module: nn.Module) -> nn.Module:
@@ -98,25 +85,9 @@ def copy_of(module: nn.Module) -> nn.Module:
     return clone
 
 
-class Branchy(nn.Module):
-    """A frozen layer, and a layer only rank 0 uses (an unused parameter elsewhere)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.frozen = nn.Linear(4, 4).requires_grad_(False)
-        self.used = nn.Linear(4, 4)
-        self.rank0_only = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.used(self.frozen(x))
-        if dist.get_rank() == 0:
-            x = self.rank0_only(x)
-        return x.square().mean()
-
-
 def multi_rank_facts(full: bool) -> dict:
     """Everything that needs a process group, in one launch; returns facts to assert on."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     variants = {**ablation(first_bucket_mb=FIRST_MB), "torch DDP": torch_ddp_views}
     facts: dict = {
         "parity": compare_with_torch_ddp(cfg=CFG, bucket_cap_mb=CAP_MB, variants=variants)
@@ -142,15 +113,7 @@ def multi_rank_facts(full: bool) -> dict:
     batch = random_batch(CFG, batch_size=2, seq_len=8, step=0, seed=1)
     model.zero_grad(set_to_none=True)
     dropped = all(p.grad is None for p in model.params)
-    log: list = []
-    hooks = [
-        p.register_post_accumulate_grad_hook(lambda p: log.append("grad")) for p in model.params
-    ]
-    with counting_all_reduce(log):
-        model(*batch)[1].backward()
-        model.finish_gradient_synchronization()
-    for h in hooks:
-        h.remove()
+    log = step_events(model, functools.partial(one_step, model, batch))
     facts["views"] = {
         "dropped": dropped,
         "views_after_set_to_none_true": views_of_buckets(model),
@@ -162,15 +125,7 @@ def multi_rank_facts(full: bool) -> dict:
     }
 
     # frozen and unused parameters: zeros from the rank that skipped the branch
-    torch.manual_seed(rank)
-    branchy = ViewDDP(Branchy(), bucket_cap_mb=CAP_MB)
-    x = torch.full((2, 4), float(rank + 1))
-    expected = None
-    if rank == 0:
-        local = Branchy()
-        local.load_state_dict(branchy.module.state_dict())
-        local(x).backward()
-        expected = local.rank0_only.weight.grad / world
+    branchy, x, expected = branchy_case(functools.partial(ViewDDP, bucket_cap_mb=CAP_MB))
     for _ in range(2):  # the second step: rank 1's view of rank0_only holds the old average
         branchy.zero_grad(set_to_none=True)
         branchy(x).backward()
@@ -184,31 +139,13 @@ def multi_rank_facts(full: bool) -> dict:
     }
 
     # misuse: one UsageError message per mistake
-    errors = {}
     model = ViewDDP(TinyTransformer(CFG), bucket_cap_mb=CAP_MB)
-    for mistake, action in {
-        "finish before backward": model.finish_gradient_synchronization,
-        "forward twice": lambda: (model(*batch)[1].backward(), model(*batch)),
-    }.items():
-        try:
-            action()
-            errors[mistake] = None
-        except UsageError as err:
-            errors[mistake] = str(err)
+    facts["errors"] = {
+        "finish before backward": usage_error(model.finish_gradient_synchronization),
+        "forward twice": usage_error(lambda: (model(*batch)[1].backward(), model(*batch))),
+    }
     model.finish_gradient_synchronization()  # the pending step completes: no hang at exit
-    facts["errors"] = errors
     return facts
-
-
-@functools.cache
-def launch(world: int) -> list[dict]:
-    """One launch per world size for the whole module; world 2 also runs the extra checks."""
-    return run_on_ranks(multi_rank_facts, world, world == 2, **TIMEOUTS)
-
-
-@pytest.fixture
-def world2() -> list[dict]:
-    return launch(2)
 
 
 # --- parity with torch DDP -------------------------------------------------------------
@@ -221,8 +158,8 @@ def test_every_step_4_variant_is_bit_identical_to_torch_ddp_at_world_2(world2) -
             assert r["rank_spread"] == 0.0, name
 
 
-def test_every_step_4_variant_matches_torch_ddp_at_world_4() -> None:
-    for rank in launch(4):
+def test_every_step_4_variant_matches_torch_ddp_at_world_4(world4) -> None:
+    for rank in world4:
         for name, r in rank["parity"].items():
             assert r["vs_torch"] < PARITY_TOLERANCE, name
             assert r["rank_spread"] == 0.0, name
@@ -247,10 +184,11 @@ def test_grads_are_views_into_the_bucket_buffers_whichever_zero_grad(world2) -> 
 
 def test_one_all_reduce_per_whole_bucket_and_the_first_starts_during_backward(world2) -> None:
     r = world2[0]["views"]
-    calls = [x for x in r["log"] if x != "grad"]
-    assert calls == r["bucket_numels"]
-    first = r["log"].index(calls[0])
-    assert "grad" in r["log"][first:], "gradients still arrive after the first launch"
+    kinds = [kind for kind, _ in r["log"]]
+    calls = [event for event in r["log"] if event[0] != "grad"]
+    assert calls == [("all_reduce", numel) for numel in r["bucket_numels"]]
+    first = kinds.index("all_reduce")
+    assert "grad" in kinds[first:], "gradients still arrive after the first launch"
 
 
 # --- the first bucket ------------------------------------------------------------------
@@ -309,12 +247,10 @@ def test_first_bucket_size_must_be_positive(mb) -> None:
 # --- the benchmark's ablation (a smoke test: no timings are asserted) ------------------
 
 
-def test_benchmark_runs_the_ablation_and_the_recorded_table_is_the_tools() -> None:
-    path = ROOT / "benchmarks" / "bench_ddp.py"
-    spec = importlib.util.spec_from_file_location("bench_ddp", path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["bench_ddp"] = bench  # the spawned ranks import it by this name
-    spec.loader.exec_module(bench)
+def test_benchmark_runs_the_ablation_and_the_recorded_table_is_the_tools(
+    bench_ddp: ModuleType,
+) -> None:
+    bench = bench_ddp
     rows = bench.rows(sweep=(25.0,), rounds=1, steps=1)
     kinds = [r["kind"] for r in rows]
     assert kinds[-4:] == ["torch default", *list(ablation())[1:]]

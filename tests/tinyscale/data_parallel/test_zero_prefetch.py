@@ -5,13 +5,11 @@ facts: prefetching must change when bytes move, never what arrives (bit-identica
 weights, the same bytes sent), and cost exactly the units it gathers early.
 """
 
-import functools
-
 import pytest
 import torch
 import torch.distributed as dist
 
-from tinyscale.comm.counter import CollectiveCounter
+from helpers import CallTimeline
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError
@@ -34,28 +32,17 @@ def train(prefetch: int | None, reduce_scatter: str = "ring") -> dict:
     else:
         zero = PrefetchZeRO3(model, units=units, prefetch=prefetch, reduce_scatter=reduce_scatter)
     async_gathers, sent = [], []
-    real = dist.all_gather_single
-
-    @functools.wraps(real)  # the counter reads the signature
-    def spy(*args, **kwargs):
-        async_gathers[-1] += bool(kwargs.get("async_op"))
-        return real(*args, **kwargs)
-
-    dist.all_gather_single = spy  # torch's function, counted from outside the class
-    try:
-        for step in range(STEPS):
-            async_gathers.append(0)
-            with CollectiveCounter() as counter:
-                for micro in range(MICRO):
-                    seed = 100 * dist.get_rank() + micro
-                    zero(*random_batch(CFG, batch_size=2, seq_len=16, step=step, seed=seed))[
-                        1
-                    ].backward()
-                zero.step()
-            zero.zero_grad()
-            sent.append(counter.sent_bytes())
-    finally:
-        dist.all_gather_single = real
+    for step in range(STEPS):
+        with CallTimeline() as counter:  # torch's functions, counted from outside the class
+            for micro in range(MICRO):
+                seed = 100 * dist.get_rank() + micro
+                batch = random_batch(CFG, batch_size=2, seq_len=16, step=step, seed=seed)
+                zero(*batch)[1].backward()
+            zero.step()
+        zero.zero_grad()
+        sent.append(counter.sent_bytes())
+        calls = zip(counter.calls, counter.async_op, strict=True)
+        async_gathers.append(sum(a for call, a in calls if call.op == "all_gather_single"))
     names = [u.name for u in getattr(zero, "plan", [])]
     return {
         "weights": zero.full_parameters(),
