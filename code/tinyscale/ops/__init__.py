@@ -1,8 +1,9 @@
 # --8<-- [start:map]
 """tinyscale.ops: running jobs on a real cluster, and finding out what went wrong.
 
-The Operations pages, Lab 3 and the Kubernetes page teach these. They may import any
-part of tinyscale; no part of tinyscale imports them.
+The Operations pages, Lab 3, the Kubernetes page and (a live hang, read with py-spy) the
+Profiling page teach these. They may import any part of tinyscale; no part of tinyscale
+imports them.
 
     module          taught on
     multinode       workshop/lab-3.md
@@ -14,6 +15,7 @@ part of tinyscale; no part of tinyscale imports them.
     fragmentation   operations/gpu-memory.md
     nccl_env        operations/nccl-network.md
     hangs           operations/hangs.md
+    live_hang       workflows/profiling.md
     large_batch     operations/large-batch.md
     storage         operations/storage.md
 """

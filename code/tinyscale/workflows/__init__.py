@@ -8,6 +8,7 @@ model_parallel and low_precision; ops may import them.
     shards          workflows/data-at-scale.md
     shard_loader    workflows/data-at-scale.md
     profiling       workflows/profiling.md
+    ddp_overlap     workflows/profiling.md
     mfu             workflows/profiling.md
     wandb_log       workflows/logging.md
     evaluation      workflows/evaluation.md

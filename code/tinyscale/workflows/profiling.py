@@ -3,29 +3,24 @@
 
 Try it:  python -m tinyscale.workflows.profiling --dropout 0.1
 
-Profiles a few training steps of the Lab model (code/config/config.json) and prints the
-operator table, the time grouped by part of the model, and which attention kernel ran;
-writes a Chrome/Perfetto trace to runs/profiling/. ``--ddp`` profiles 2 gloo ranks
-instead and says whether DDP's all-reduce overlaps the backward. ``--hang`` starts 2
-ranks of which one blocks in an all-reduce, for ``py-spy dump``.
+Profiles a few training steps of the Lab model (code/config/config.json) on one process
+and prints the operator table, the time grouped by part of the model, and which attention
+kernel ran; writes a Chrome/Perfetto trace to runs/profiling/. DDP's all-reduce in the
+same kind of trace: tinyscale.workflows.ddp_overlap.
 """
 
 import contextlib
 import dataclasses
 import os
-import signal
-import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch.autograd.profiler import record_function
-from torch.nn.parallel import DistributedDataParallel
 from torch.profiler import ProfilerActivity, profile
 
-from tinyscale.comm.launch import run_on_ranks
+from tinyscale.core.cli import add_flags, from_args
 from tinyscale.core.config import load_model_config
 from tinyscale.core.device import select_device
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
@@ -53,7 +48,10 @@ class ProfileConfig:
         if self.adamw not in ADAMW:
             raise UsageError(f"unknown --adamw {self.adamw!r}: use one of {', '.join(ADAMW)}")
         if self.batch_size < 1 or self.steps < 1 or self.warmup < 0:
-            raise UsageError("need --batch-size >= 1, --steps >= 1 and --warmup >= 0")
+            raise UsageError(
+                "need batch_size >= 1 (--global-batch-size), steps >= 1 (--max-steps) "
+                "and warmup >= 0"
+            )
 
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # inputs (B, T) and their next tokens (B, T)
@@ -259,111 +257,24 @@ def report(cfg: ProfileConfig, rows: int = 8) -> list[str]:
 # --8<-- [end:report]
 
 
-# --8<-- [start:ddp]
-def ddp_profiles(bucket_caps_mb: Sequence[float], trace_dir: str) -> list[dict[str, Any]]:
-    """On each rank: for each bucket size, DDP over gloo, one profiled step, where its
-    all-reduces fall in it. The same batches and weights for every bucket size."""
-    rank, found = dist.get_rank(), []
-    tokens = torch.randint(0, 1024, (8, 65), generator=torch.Generator().manual_seed(rank))
-    batch = (tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())  # this rank's samples
-    for cap in bucket_caps_mb:
-        torch.manual_seed(0)
-        model = TinyTransformer(dataclasses.replace(load_model_config(), dropout=0.0))
-        ddp = DistributedDataParallel(model, bucket_cap_mb=cap)
-        opt = make_optimizer(model, TrainConfig())
-        for _ in range(2):  # DDP rebuilds its buckets after the first step: profile later
-            train_step(ddp, opt, batch)
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            train_step(ddp, opt, batch)
-        name = f"ddp_bucket{cap:g}MB_rank{rank}.json"
-        write_trace(prof, Path(trace_dir) / name)
-        found.append({"bucket_cap_mb": cap, "trace": name, **overlap(prof.events())})
-    return found
-
-
-def overlap(events: Sequence[Any]) -> dict[str, Any]:
-    """In one profiled step: the all-reduces, the backward ops that start after the first
-    all-reduce began, and the share of all-reduce time during which backward ops run.
-
-    gloo runs each all-reduce on a thread of its own (``gloo:all_reduce``); DDP launches it
-    (``c10d::allreduce_``) from a gradient hook, as soon as a bucket's gradients are ready.
-    """
-    main = next(e for e in events if e.name == "train_step").thread
-    backward = [e for e in events if e.thread == main and e.name.startswith(BACKWARD)
-                and not e.name.endswith("AccumulateGrad")]  # fmt: skip
-    launches = [e for e in events if e.name == "c10d::allreduce_"]
-    gloo = [e for e in events if e.name == "gloo:all_reduce" and e.thread != main]
-    first = min(e.time_range.start for e in launches)
-    busy = sum(_intersection(g.time_range, b.time_range) for g in gloo for b in backward)
-    return {
-        "allreduces": len(launches),
-        "backward_ops_after_first": sum(1 for e in backward if e.time_range.start > first),
-        "overlapped": busy / sum(g.time_range.elapsed_us() for g in gloo),
-    }
-
-
-def _intersection(a: Any, b: Any) -> float:
-    return max(0.0, min(a.end, b.end) - max(a.start, b.start))
-
-
-# --8<-- [end:ddp]
-
-
-# --8<-- [start:hang]
-def stop_on_sigterm() -> None:
-    """`kill <pid>` ends this launcher through its ``finally`` blocks: run_on_ranks then
-    stops the ranks it started, instead of leaving them behind."""
-
-    def leave(signum: int, frame: Any) -> None:
-        raise SystemExit(f"stopped by signal {signum}: the ranks were ended too")
-
-    signal.signal(signal.SIGTERM, leave)
-
-
-def blocked_rank(pid_file: str, seconds: float) -> None:
-    """Rank 0 writes its pid and waits in an all-reduce; rank 1 is elsewhere for ``seconds``."""
-    if dist.get_rank() == 0:
-        tmp = Path(f"{pid_file}.tmp")
-        tmp.write_text(str(os.getpid()))
-        tmp.replace(pid_file)
-        dist.all_reduce(torch.ones(4))  # waits here: look at it with py-spy dump
-    else:
-        time.sleep(seconds)  # stands for a rank stuck in I/O or a long compilation
-        dist.all_reduce(torch.ones(4))
-
-
-# --8<-- [end:hang]
-
-
 # --8<-- [start:main]
+# The flags a training script has for the same things (tinyscale.core.cli): the batch, the
+# steps, the device. Here they default to the Lab's batch, 3 steps, and the CPU.
+DEFAULTS = TrainConfig(device="cpu", max_steps=ProfileConfig.steps)
+FLAGS = ("global_batch_size", "max_steps", "device")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__.splitlines()[0])
+    add_flags(parser, DEFAULTS, FLAGS, notes={"max_steps": "here: the steps profiled"})
     parser.add_argument("--dropout", type=float, default=None, help="default: the config's")
     parser.add_argument("--adamw", default="for-loop", help=", ".join(ADAMW))
-    parser.add_argument("--batch-size", type=int, default=ProfileConfig.batch_size)
-    parser.add_argument("--steps", type=int, default=ProfileConfig.steps)
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or mps")
     parser.add_argument("--trace-dir", type=Path, default=ProfileConfig.trace_dir)
-    parser.add_argument("--ddp", action="store_true", help="2 gloo ranks: the all-reduce")
-    parser.add_argument("--bucket-cap-mb", default="25,0.05", help="DDP bucket sizes to compare")
-    parser.add_argument("--hang", type=float, metavar="SECONDS", help="a rank blocked this long")
-    parser.add_argument("--pid-file", type=Path, default=Path("runs/profiling/blocked.pid"))
     args = parser.parse_args(argv)
-    if args.hang is not None:
-        args.pid_file.parent.mkdir(parents=True, exist_ok=True)
-        stop_on_sigterm()
-        run_on_ranks(blocked_rank, 2, str(args.pid_file), args.hang,
-                     timeout_s=args.hang + 30, deadline_s=args.hang + 60)  # fmt: skip
-        return 0
-    if args.ddp:
-        caps = [float(cap) for cap in args.bucket_cap_mb.split(",")]
-        for rank, found in enumerate(run_on_ranks(ddp_profiles, 2, caps, str(args.trace_dir))):
-            for one in found:
-                print(f"rank {rank}: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float)
-                                                   else f"{k} {v}" for k, v in one.items()))  # fmt: skip
-        return 0
-    cfg = ProfileConfig(dropout=args.dropout, adamw=args.adamw, batch_size=args.batch_size,
-                        steps=args.steps, device=args.device, trace_dir=args.trace_dir)  # fmt: skip
+    train = from_args(DEFAULTS, args)  # every TrainConfig flag is checked here
+    cfg = ProfileConfig(dropout=args.dropout, adamw=args.adamw, trace_dir=args.trace_dir,
+                        batch_size=train.global_batch_size, steps=train.max_steps,
+                        device=train.device)  # fmt: skip
     for line in report(cfg):
         print(line)
     return 0

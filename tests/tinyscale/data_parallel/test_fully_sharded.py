@@ -1,4 +1,5 @@
-"""tinyscale.data_parallel.fully_sharded: ZeRO-3 that hands any torch optimizer its shards.
+"""tinyscale.data_parallel.fully_sharded: ZeRO-3 that hands any torch optimizer its shards,
+and fully_sharded_vs_one_process, its demo against one process.
 
 docs/week-4/zero3-any-optimizer.md runs the demo on 2 ranks and CI compares its output
 with the recorded one; these tests hold the recorded numbers to one process, to Week 2's
@@ -18,7 +19,8 @@ from helpers import TIMEOUTS, one_line_error, prose, recorded_output, said
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.config import preset
 from tinyscale.core.model import TinyTransformer
-from tinyscale.data_parallel.fully_sharded import LR, FullyShardedModel
+from tinyscale.data_parallel.fully_sharded import FullyShardedModel
+from tinyscale.data_parallel.fully_sharded_vs_one_process import LR
 
 PAGE = "week-4/zero3-any-optimizer.md"
 WORLD = 2  # the demo's ranks
@@ -32,7 +34,7 @@ MAX_NORM = 0.1  # the demo's clip_grad_norm_(0.1)
 
 
 def demo_output() -> list[str]:
-    return recorded_output(PAGE, "fully_sharded import demo")
+    return recorded_output(PAGE, "fully_sharded_vs_one_process import demo")
 
 
 def number(line: str, pattern: str) -> float:

@@ -1,27 +1,21 @@
 """Profiling the course model's step: the parts sum to the total, the attention kernel and
-dropout's ops read from the profile, AdamW's kernels give the same training, DDP's
-all-reduces in the trace, and py-spy on a rank blocked in a collective."""
+dropout's ops read from the profile, AdamW's kernels give the same training, and the
+command line's flags are the training scripts'. (DDP's all-reduce in the trace:
+test_ddp_overlap.py; py-spy on a blocked rank: tests/tinyscale/ops/test_live_hang.py.)"""
 
 import json
-import subprocess
-import threading
-import time
 
 import pytest
 import torch
 
-from helpers import TIMEOUTS, one_line_error
-from tinyscale.comm.comm_model import ddp_bucket_plan
-from tinyscale.comm.launch import run_on_ranks
+from helpers import one_line_error
 from tinyscale.core.errors import run_cli
 from tinyscale.core.model import TinyTransformer
 from tinyscale.workflows.profiling import (
     GROUPS,
     ProfileConfig,
     attention_kernel,
-    blocked_rank,
     build,
-    ddp_profiles,
     grouped_times,
     main,
     profile_steps,
@@ -89,47 +83,18 @@ def test_adamw_kernels_train_alike() -> None:
     assert runs["for-loop"][0][-1] < runs["for-loop"][0][0]  # it trains
 
 
-def test_ddp_all_reduces_overlap_the_backward_only_with_small_buckets(tmp_path) -> None:
-    caps = [25.0, 0.05]
-    ranks = run_on_ranks(ddp_profiles, 2, caps, str(tmp_path), **TIMEOUTS)
-    params = list(reversed(list(TinyTransformer().named_parameters())))
-    for rank in ranks:
-        one, small = rank
-        assert one["allreduces"] == 1 and one["backward_ops_after_first"] == 0
-        assert small["allreduces"] == len(ddp_bucket_plan(params, bucket_cap_mb=0.05)) > 1
-        assert small["backward_ops_after_first"] > 0  # launched while backward still runs
-    for r in range(2):
-        for cap in caps:
-            trace = json.loads((tmp_path / f"ddp_bucket{cap:g}MB_rank{r}.json").read_text())
-            assert "gloo:all_reduce" in {e.get("name") for e in trace["traceEvents"]}
-    same = ("allreduces", "backward_ops_after_first")  # fixed by the graph, not the clock
-    assert [[o[k] for k in same] for o in ranks[0]] == [[o[k] for k in same] for o in ranks[1]]
-
-
-def test_py_spy_dump_shows_where_a_blocked_rank_waits(tmp_path) -> None:
-    """Rank 0 waits in an all-reduce for 4 s while rank 1 sleeps; py-spy reads its stack.
-    (The page's block runs the command line's --hang and its SIGTERM.)"""
-    pid_file, ranks = tmp_path / "blocked.pid", []
-    launcher = threading.Thread(target=lambda: ranks.extend(
-        run_on_ranks(blocked_rank, 2, str(pid_file), 4.0, **TIMEOUTS)))  # fmt: skip
-    launcher.start()
-    deadline = time.monotonic() + 60
-    while not pid_file.exists() and time.monotonic() < deadline and launcher.is_alive():
-        time.sleep(0.1)
-    time.sleep(1)  # from writing the pid file into the all-reduce
-    dump = subprocess.run(["py-spy", "dump", "--pid", pid_file.read_text()],
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
-    launcher.join(timeout=60)
-    assert ranks == [None, None]  # rank 1 came: both finished, nothing left running
-    if dump.returncode and ("ermission" in dump.stderr or "not permitted" in dump.stderr):
-        pytest.skip("py-spy needs ptrace: root, or CAP_SYS_PTRACE / ptrace_scope=0")
-    assert dump.returncode == 0, dump.stderr
-    frames = [line.split()[0] for line in dump.stdout.splitlines() if line.startswith(" ")]
-    assert frames[0] == "all_reduce" and "blocked_rank" in frames, dump.stdout
+BAD_FLAGS = {  # a bad value of each kind of flag, and what its one line names
+    "--adamw": ["--adamw", "fast"],
+    "--max-steps": ["--max-steps", "0"],  # TrainConfig's check, as in every training script
+    "--global-batch-size": ["--global-batch-size", "0"],
+    "device 'tpu'": ["--device", "tpu"],
+}
 
 
 def test_bad_input_is_one_line(capsys) -> None:
     assert "--adamw" in one_line_error(ProfileConfig, adamw="fast")
-    assert "--steps" in one_line_error(ProfileConfig, steps=0)
-    assert run_cli(main, ["--adamw", "fast"]) == 2
-    assert capsys.readouterr().err.count("\n") == 1
+    assert "--max-steps" in one_line_error(ProfileConfig, steps=0)
+    for named, flags in BAD_FLAGS.items():
+        assert run_cli(main, flags) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and named in err, err
