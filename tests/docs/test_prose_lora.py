@@ -24,6 +24,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from helpers import ROOT, fails_when_changed, load_script, prose, recorded_output, said
 from tinyscale.core.config import ModelConfig, load_model_config, preset
+from tinyscale.core.flops import matmul_weights
 from tinyscale.core.model import TinyTransformer
 from tinyscale.core.training import TrainConfig
 from tinyscale.workflows.lora import (
@@ -33,7 +34,6 @@ from tinyscale.workflows.lora import (
     optimizer_state_bytes,
     trainable_parameters,
 )
-from tinyscale.workflows.mfu import matmul_weights
 
 PAGE = "workflows/lora.md"
 # Llama 2 7B's shape, from its paper (Touvron et al. 2023) and its published config

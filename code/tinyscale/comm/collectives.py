@@ -13,31 +13,24 @@ The all-reduce is the bandwidth-optimal ring, a reduce-scatter followed by an al
 P. Patarasuk and X. Yuan, "Bandwidth optimal all-reduce algorithms for clusters of
 workstations", J. Parallel Distrib. Comput. 69(2), 2009 — the "ring all-reduce" Baidu
 brought to deep learning (A. Gibiansky, 2017). Each rank sends 2 (N − 1) / N · S bytes for
-a tensor of S bytes, in 2 (N − 1) steps; ``TRAFFIC`` counts the bytes so a test can check.
+a tensor of S bytes, in 2 (N − 1) steps (``comm_model.ring_allreduce_bytes``). Every byte
+leaves through ``dist.isend``, which ``comm.counter.CollectiveCounter`` wraps: so a test
+counts what was sent instead of trusting the formula.
 """
 
 import os
-from collections import Counter
-from functools import partial
 
 import torch
 import torch.distributed as dist
 
+from tinyscale.comm.comm_model import ring_allreduce_bytes
+from tinyscale.comm.counter import CollectiveCounter
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.device import select_device
 from tinyscale.core.errors import UsageError
 
-# Bytes this process has sent, by purpose: "data" (the tensors) and "check" (the shape
-# check below). Every rank is its own process with its own tally; .clear() resets it.
-TRAFFIC: Counter[str] = Counter()
 
-
-def _isend(tensor: torch.Tensor, dst: int, kind: str = "data") -> dist.Work:
-    TRAFFIC[kind] += tensor.numel() * tensor.element_size()
-    return dist.isend(tensor, dst)
-
-
-def _ring_step(send: torch.Tensor, recv: torch.Tensor, kind: str = "data") -> None:
+def _ring_step(send: torch.Tensor, recv: torch.Tensor) -> None:
     """Send ``send`` to the right neighbour while ``recv`` arrives from the left.
 
     Both messages are posted before we wait on either. A blocking ``dist.send`` first
@@ -47,8 +40,7 @@ def _ring_step(send: torch.Tensor, recv: torch.Tensor, kind: str = "data") -> No
     cycle either. Each ``wait`` raises after the process group's timeout, never hangs.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
-    posts = [(partial(_isend, kind=kind), send, (rank + 1) % world)]
-    posts.append((dist.irecv, recv, (rank - 1) % world))
+    posts = [(dist.isend, send, (rank + 1) % world), (dist.irecv, recv, (rank - 1) % world)]
     if rank % 2:
         posts.reverse()
     # An empty chunk (fewer elements than ranks) is skipped by both ends alike.
@@ -79,7 +71,7 @@ def check_same(
     Mismatched shapes fail badly on their own: chunks of different sizes make gloo abort
     the process, or hang, or add garbage. So first every rank describes its tensor in
     META int64s and the rows go round the ring (an all-gather: N − 1 steps of 104 bytes,
-    tallied as "check"). Every rank then sees every row and reaches the same verdict.
+    on top of the data's). Every rank then sees every row and reaches the same verdict.
     ``problem`` is an error the caller found on this rank alone (a bad output size): it is
     raised only after the other ranks heard of it, so they raise too instead of hanging.
     """
@@ -90,7 +82,7 @@ def check_same(
     mine = mine[:META]
     rows = torch.full((world, META), -1, dtype=torch.int64, device=tensor.device)  # (N, META)
     rows[rank, : len(mine)] = torch.tensor(mine)
-    _ring_all_gather(list(rows.unbind()), kind="check")
+    _ring_all_gather(list(rows.unbind()))
     table = rows.tolist()
     if problem is not None:
         raise UsageError(f"{name}: {problem}")
@@ -155,7 +147,7 @@ def ring_reduce_scatter(tensor: torch.Tensor, *, check: bool = True) -> torch.Te
 
 
 # --8<-- [start:all_gather]
-def _ring_all_gather(chunks: list[torch.Tensor], kind: str = "data") -> None:
+def _ring_all_gather(chunks: list[torch.Tensor]) -> None:
     """N − 1 steps: forward the chunk you last got (your own first), copy in the next.
 
     Received straight into place: each chunk is a contiguous view of the flat tensor.
@@ -163,7 +155,7 @@ def _ring_all_gather(chunks: list[torch.Tensor], kind: str = "data") -> None:
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     for step in range(world - 1):
-        _ring_step(chunks[(rank - step) % world], chunks[(rank - step - 1) % world], kind)
+        _ring_step(chunks[(rank - step) % world], chunks[(rank - step - 1) % world])
 
 
 def ring_all_gather(tensor: torch.Tensor, *, check: bool = True) -> torch.Tensor:
@@ -223,7 +215,7 @@ def broadcast(tensor: torch.Tensor, src: int, *, check: bool = True) -> torch.Te
     mask = 1
     while mask < world:
         if me < mask and me + mask < world:  # I have the data: pass it on
-            _isend(tensor, (rank + mask) % world).wait()
+            dist.isend(tensor, (rank + mask) % world).wait()
         elif mask <= me < 2 * mask:  # my round to receive it
             dist.irecv(tensor, (rank - mask) % world).wait()
         mask *= 2
@@ -320,14 +312,14 @@ def compare_with_torch(device: str = "cpu") -> str:
         # Whole numbers: float sums of them are exact in any order, so "equal" means equal.
         x = torch.arange(torch.Size(shape).numel(), device=dev).view(shape).float() * (rank + 1)
         ours, ref = x.clone(), x.clone()
-        TRAFFIC.clear()
-        ring_all_reduce(ours)
+        with CollectiveCounter() as counter:  # the data alone: no shape check (its 104 B rows)
+            ring_all_reduce(ours, check=False)
         dist.all_reduce(ref)
         size = x.numel() * x.element_size()
-        formula = 2 * (world - 1) / world * size
+        formula = ring_allreduce_bytes(size_bytes=size, world_size=world)
         lines.append(
             f"rank {rank} | shape {list(shape)} | equal: {torch.equal(ours, ref)} | "
-            f"S = {size} B | sent {TRAFFIC['data']} B | 2(N-1)/N*S = {formula:.1f} B"
+            f"S = {size} B | sent {counter.sent_bytes():.0f} B | 2(N-1)/N*S = {formula:.1f} B"
         )
     return "\n".join(lines)
 

@@ -23,6 +23,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tinyscale.comm.comm_model import ring_allreduce_bytes
+
 # operation -> the argument that holds the whole buffer
 BUFFER_ARGUMENT = {
     "all_reduce": "tensor",
@@ -56,15 +58,16 @@ class Call:
     def sent_bytes(self) -> float:
         """Bytes this rank sends, with ring algorithms: (N-1)/N of the buffer per pass.
 
-        An all-reduce is two passes (reduce-scatter, then all-gather); broadcast and
-        reduce are counted as one pass on average; a point-to-point send sends it all.
+        An all-reduce is two passes (reduce-scatter, then all-gather: Week 1's
+        ring_allreduce_bytes); any other collective is one of them, half of it (broadcast
+        and reduce on average); a point-to-point send sends it all.
         """
         if self.op in ("send", "isend"):
             return self.nbytes
         if self.op in RECEIVES:
             return 0.0
-        passes = 2 if self.op == "all_reduce" else 1
-        return passes * (self.ranks - 1) / self.ranks * self.nbytes
+        ring = ring_allreduce_bytes(size_bytes=self.nbytes, world_size=self.ranks)
+        return ring if self.op == "all_reduce" else ring / 2
 
     def volume(self) -> int:
         """Elements moved in the paper's accounting: an all-reduce counts its buffer twice."""

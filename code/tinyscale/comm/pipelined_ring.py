@@ -14,9 +14,9 @@ adds nothing, so there is nothing to overlap: it sends whole chunks, as the plai
 
 Two messages are in flight at a time, so two segment-sized receive buffers suffice; they
 are allocated once per dtype and device and reused by every later call. Segmenting adds
-no bytes: ``TRAFFIC`` counts exactly what the plain ring sends. Every rank must pass the
-same ``segment_bytes``, as it passes the same shape: both ends of a message compute its
-length from them.
+no bytes: ``comm.counter.CollectiveCounter`` counts exactly what the plain ring sends.
+Every rank must pass the same ``segment_bytes``, as it passes the same shape: both ends
+of a message compute its length from them.
 """
 
 from math import ceil
@@ -24,14 +24,9 @@ from math import ceil
 import torch
 import torch.distributed as dist
 
-from tinyscale.comm.collectives import (
-    TRAFFIC,
-    _chunks,
-    _isend,
-    _ring_all_gather,
-    check_same,
-    ring_all_reduce,
-)
+from tinyscale.comm.collectives import _chunks, _ring_all_gather, check_same, ring_all_reduce
+from tinyscale.comm.comm_model import ring_allreduce_steps
+from tinyscale.comm.counter import CollectiveCounter
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.errors import UsageError
 
@@ -75,7 +70,7 @@ def _post(send: torch.Tensor, recv: torch.Tensor) -> tuple[dist.Work | None, dis
     if rank % 2 and recv.numel():
         received = dist.irecv(recv, (rank - 1) % world)
     if send.numel():
-        sent = _isend(send, (rank + 1) % world)
+        sent = dist.isend(send, (rank + 1) % world)
     if not rank % 2 and recv.numel():
         received = dist.irecv(recv, (rank - 1) % world)
     return sent, received
@@ -169,16 +164,16 @@ def compare_with_ring(segment_bytes: int = 256) -> str:
     dist.all_reduce(ref)
     same_sum = torch.equal(pipelined_ring_all_reduce(whole, segment_bytes=segment_bytes), ref)
     random = torch.randn(1000, generator=torch.Generator().manual_seed(rank))
-    TRAFFIC.clear()
-    plain = ring_all_reduce(random.clone(), check=False)
-    plain_bytes = TRAFFIC["data"]
-    TRAFFIC.clear()
-    ours = pipelined_ring_all_reduce(random.clone(), segment_bytes=segment_bytes, check=False)
+    with CollectiveCounter() as ring:
+        plain = ring_all_reduce(random.clone(), check=False)
+    with CollectiveCounter() as counter:
+        ours = pipelined_ring_all_reduce(random.clone(), segment_bytes=segment_bytes, check=False)
     parts = segments_per_chunk(random.numel(), world, random.element_size(), segment_bytes)
     return (
         f"rank {rank} | = dist.all_reduce: {same_sum} | bits = ring_all_reduce: "
-        f"{torch.equal(ours, plain)} | sent {TRAFFIC['data']} B (plain ring: {plain_bytes} B) "
-        f"| P = {parts}: {(world - 1) * (parts + 1)} messages (plain ring: {2 * (world - 1)})"
+        f"{torch.equal(ours, plain)} | sent {counter.sent_bytes():.0f} B (plain ring: "
+        f"{ring.sent_bytes():.0f} B) | P = {parts}: {(world - 1) * (parts + 1)} messages "
+        f"(plain ring: {ring_allreduce_steps(world)})"
     )
 
 

@@ -4,15 +4,16 @@
     python -m tinyscale.composed.planner --model 7b --gpus 16 --seq-len 8192 --global-batch 16
 
 For every layout (data x pipeline x tensor, a ZeRO stage, micro-batches) that the model
-and the cluster allow, it adds up what the lessons measured: model states per GPU (the
-ZeRO formulas of Week 2, on the TP shard of Week 4), saved activations (the memory
-calculator, with tensor and sequence parallelism), the pipeline bubble (Week 3), and the
-bytes each group sends per step (tensor: activations; pipeline: stage boundaries; data:
-parameters). It keeps the layouts that fit in memory and ranks them by a step time made
-of three assumptions, each stated: compute at the GPU's peak, tensor and pipeline
-messages on the critical path, data-parallel messages hidden behind compute when they
-can be. A sketch of what planners in Megatron-LM and torchtitan's docs reason about, not
-a replacement for measuring.
+(a core.config preset) and the cluster allow, it adds up what the lessons measured: model
+states per GPU (the ZeRO formulas of Week 2, on the TP shard of Week 4), saved activations
+(the memory calculator, with tensor and sequence parallelism), the pipeline bubble (Week
+3), the FLOPs of a step (core.flops: 6 N + 12 L T d per token, as Profiling and MFU counts
+them), and the bytes each group sends per step (tensor: activations; pipeline: stage
+boundaries; data: parameters). It keeps the layouts that fit in memory and ranks them by
+a step time made of three assumptions, each stated: compute at the GPU's peak, tensor and
+pipeline messages on the critical path, data-parallel messages hidden behind compute when
+they can be. A sketch of what planners in Megatron-LM and torchtitan's docs reason about,
+not a replacement for measuring.
 """
 
 import dataclasses
@@ -20,26 +21,19 @@ import math
 from collections.abc import Sequence
 
 from tinyscale.composed.two_d import tensor_step_bytes
-from tinyscale.core.config import ModelConfig
+from tinyscale.core.config import PRESETS, ModelConfig, preset
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
+from tinyscale.core.flops import flops_per_token
 from tinyscale.core.memory import human_bytes
 from tinyscale.core.model import count_parameters
 from tinyscale.data_parallel.memory_calculator import (
     activation_bytes_estimate,
+    activation_element_bytes,
     zero_state_bytes,
     zero_step_bytes,
 )
+from tinyscale.model_parallel.schedules import bubble_fraction
 from tinyscale.model_parallel.tensor_parallel import parameters_per_rank
-
-# GPT-shaped models of the course's own family (TinyTransformer: 4h FFN, learned positions).
-MODELS = {
-    "7b": ModelConfig(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
-                      intermediate_size=16384, vocab_size=32000, max_position_embeddings=8192,
-                      dropout=0.0),
-    "70b": ModelConfig(hidden_size=8192, num_hidden_layers=80, num_attention_heads=64,
-                       intermediate_size=32768, vocab_size=32000, max_position_embeddings=8192,
-                       dropout=0.0),
-}  # fmt: skip
 
 # --8<-- [end:header]
 
@@ -96,7 +90,7 @@ def evaluate(w: Workload, c: Cluster, *, dp: int, tp: int, pp: int, zero: int) -
     cfg = w.model
     stage = dataclasses.replace(cfg, num_hidden_layers=math.ceil(cfg.num_hidden_layers / pp))
     m = w.global_batch // (dp * w.micro_batch)  # micro-batches per replica per step
-    e = 2 if w.precision in ("bf16", "fp16") else 4  # bytes per activation element
+    e = activation_element_bytes(w.precision)  # also per gradient sent: the same dtype
     params = parameters_per_rank(stage, tp)  # the busiest stage: its blocks and embeddings
     states = zero_state_bytes(params, stage=zero, world_size=dp, precision=w.precision).total
     if w.recompute:  # each block's input, plus one block's activations while it recomputes
@@ -110,7 +104,7 @@ def evaluate(w: Workload, c: Cluster, *, dp: int, tp: int, pp: int, zero: int) -
                                          precision=w.precision, tensor_parallel=tp,
                                          sequence_parallel=tp > 1)  # fmt: skip
     activations = acts * min(m, pp)  # 1F1B: the first stage holds up to pp micro-batches
-    bubble = (pp - 1) / (m + pp - 1)
+    bubble = float(bubble_fraction(pp, m))  # 1F1B's (p - 1) / (m + p - 1)
     tensor = 0.0 if tp == 1 else m * tensor_step_bytes(
         stage, batch=w.micro_batch, seq_len=w.seq_len, tp=tp, element_size=e)  # fmt: skip
     boundary = w.micro_batch * w.seq_len * cfg.hidden_size * e / tp  # SP: 1/tp of it per GPU
@@ -118,7 +112,8 @@ def evaluate(w: Workload, c: Cluster, *, dp: int, tp: int, pp: int, zero: int) -
     data = zero_step_bytes(stage=zero, numel=params, world=dp, bytes_per_element=e)
     # the time model: compute at peak (x 4/3 when every forward runs twice), stretched by
     # the bubble; tensor and pipeline messages wait; data-parallel ones hide behind compute
-    flops = 6 * count_parameters(cfg) * w.global_batch * w.seq_len * (4 / 3 if w.recompute else 1)
+    tokens = w.global_batch * w.seq_len
+    flops = flops_per_token(cfg, w.seq_len) * tokens * (4 / 3 if w.recompute else 1)
     compute = flops / (c.gpus * c.peak_tflops * 1e12) / (1 - bubble)
     spans = dp * tp * pp > c.gpus_per_node  # the data group leaves the node
     exposed = max(0.0, data / ((c.inter_gbs if spans else c.intra_gbs) * 1e9) - compute)
@@ -185,7 +180,7 @@ def describe(p: Plan) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = ArgumentParser(description="Propose (DP, TP, PP, ZeRO stage, micro-batches).")
-    parser.add_argument("--model", choices=MODELS, default="7b")
+    parser.add_argument("--model", choices=PRESETS, default="7b", help="a core.config preset")
     parser.add_argument("--gpus", type=int, required=True)
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--memory-gb", type=float, default=80.0)
@@ -194,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--recompute", action="store_true", help="full activation checkpointing")
     parser.add_argument("--top", type=int, default=3)
     args = parser.parse_args(argv)
-    w = Workload(model=MODELS[args.model], seq_len=args.seq_len,
+    w = Workload(model=preset(args.model), seq_len=args.seq_len,
                  global_batch=args.global_batch, recompute=args.recompute)  # fmt: skip
     c = Cluster(gpus=args.gpus, gpus_per_node=args.gpus_per_node, memory_gb=args.memory_gb)
     plans = plan(w, c)

@@ -23,14 +23,18 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tinyscale.comm.comm_model import ring_allreduce_bytes
 from tinyscale.comm.counter import CollectiveCounter
 from tinyscale.comm.rank_grid import RankGrid, new_groups
-from tinyscale.composed.two_d import data_step_bytes
 from tinyscale.core.config import ModelConfig, preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.memory import activation_bytes
 from tinyscale.core.model import ModelStage, TinyTransformer
-from tinyscale.data_parallel.memory_calculator import activation_bytes_estimate, zero_state_bytes
+from tinyscale.data_parallel.memory_calculator import (
+    activation_bytes_estimate,
+    zero_state_bytes,
+    zero_step_bytes,
+)
 from tinyscale.data_parallel.sharded_optimizer import ShardedOptimizer
 from tinyscale.model_parallel.pipeline import Pipeline, PipelineConfig, split_layers
 from tinyscale.model_parallel.tensor_parallel import (
@@ -116,7 +120,7 @@ def stage_tensor_bytes(
     per block, the embedding's on the first stage, the head's and the loss's on the last."""
     bsh, bs = batch * seq_len * cfg.hidden_size, batch * seq_len
     elements = (4 * len(layers) + first + last) * bsh + 3 * bs * last
-    return 2 * (tp - 1) / tp * element_size * elements
+    return ring_allreduce_bytes(size_bytes=element_size * elements, world_size=tp)
 
 
 def pipeline_step_bytes(
@@ -131,7 +135,8 @@ def pipeline_step_bytes(
 def tied_step_bytes(cfg: ModelConfig, *, tp: int, element_size: int = 4) -> float:
     """The tied embedding's gradient all-reduce, on the first and the last stage only:
     V/t rows of C in a group of 2 ranks, a ring sends 2 (2 - 1)/2 = 1 buffer."""
-    return cfg.vocab_size // tp * cfg.hidden_size * element_size
+    grad = cfg.vocab_size // tp * cfg.hidden_size * element_size
+    return ring_allreduce_bytes(size_bytes=grad, world_size=2)
 
 
 # --8<-- [end:formulas]
@@ -258,7 +263,7 @@ def formulas(cfg: ModelConfig, grid: RankGrid, stage: int, *, batch: int) -> dic
         "tp": stage_tensor_bytes(cfg, layers, **ends, batch=rows, seq_len=T, tp=grid.tp),
         "pp": pipeline_step_bytes(cfg, **ends, batch=rows, seq_len=T),
         "tied": tied_step_bytes(cfg, tp=grid.tp) if tied else 0.0,
-        "dp": data_step_bytes(params, dp=grid.dp),
+        "dp": zero_step_bytes(stage=1, numel=params, world=grid.dp),
     }
 
 

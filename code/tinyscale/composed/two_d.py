@@ -17,10 +17,12 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
+from tinyscale.comm.comm_model import ring_allreduce_bytes
 from tinyscale.comm.counter import CollectiveCounter
 from tinyscale.comm.rank_grid import RankGrid, new_groups
 from tinyscale.core.config import ModelConfig, preset
 from tinyscale.core.model import TinyTransformer
+from tinyscale.data_parallel.memory_calculator import zero_step_bytes
 from tinyscale.data_parallel.sharded_optimizer import ShardedOptimizer
 from tinyscale.model_parallel.tensor_parallel import TensorParallelTransformer
 from tinyscale.model_parallel.tp_parity import largest_difference
@@ -40,14 +42,12 @@ def tensor_step_bytes(
     """
     bsh, bs = batch * seq_len * cfg.hidden_size, batch * seq_len
     elements = (4 * cfg.num_hidden_layers + 2) * bsh + 3 * bs
-    return 2 * (tp - 1) / tp * element_size * elements
+    return ring_allreduce_bytes(size_bytes=element_size * elements, world_size=tp)
 
 
-def data_step_bytes(params_per_rank: int, *, dp: int) -> float:
-    """Bytes one rank sends to its data-parallel group in one step with ZeRO-1: a reduce of
-    the gradients to their owners, then a broadcast of the new weights; (dp - 1)/dp of
-    the rank's parameters each, as much as DDP's one all-reduce."""
-    return 2 * (dp - 1) / dp * 4 * params_per_rank
+# The data-parallel group's bytes are ZeRO-1's (memory_calculator.zero_step_bytes): a reduce
+# of the gradients to their owners, then a broadcast of the new weights, (dp - 1)/dp of the
+# rank's parameters each, as much as DDP's one all-reduce.
 
 
 # --8<-- [end:formulas]
@@ -125,7 +125,7 @@ def demo(dp: int = 2, tp: int = 2) -> None:
               f"sends {r.tensor_bytes:,.0f} B to its tensor group and "
               f"{r.data_bytes:,.0f} B to its data group per step")  # fmt: skip
     t = tensor_step_bytes(cfg, batch=4, seq_len=cfg.max_position_embeddings, tp=tp)
-    d = data_step_bytes(runs[0].params, dp=dp)
+    d = zero_step_bytes(stage=1, numel=runs[0].params, world=dp)
     worst = max(max(r.loss, r.weights) for r in runs)
     print(f"formulas: {t:,.0f} B (tensor), {d:,.0f} B (data); "
           f"largest difference from one process {worst:.1e}")  # fmt: skip

@@ -15,6 +15,7 @@ else of tinyscale: a core module runs in one process, with no process group.
     checkpoint      workshop/lab-1.md, workshop/session-a.md
     training        workshop/session-a.md, week-3/fp8.md
     memory          workshop/session-a.md
+    flops           workflows/profiling.md
     accumulation    workshop/lab-2.md, workshop/session-b.md
     precision       workshop/session-b.md
 """

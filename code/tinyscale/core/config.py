@@ -100,6 +100,26 @@ PRESETS: dict[str, ModelConfig] = {
     "bench": ModelConfig(
         hidden_size=256, num_hidden_layers=4, intermediate_size=1024, vocab_size=4096, dropout=0.0
     ),
+    # 6.6 B and 64.8 B parameters, the same family at scale: the Week 4 planner's worked
+    # examples, counted on paper (build one on the "meta" device to inspect it)
+    "7b": ModelConfig(
+        hidden_size=4096,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        intermediate_size=16384,
+        vocab_size=32000,
+        max_position_embeddings=8192,
+        dropout=0.0,
+    ),
+    "70b": ModelConfig(
+        hidden_size=8192,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        intermediate_size=32768,
+        vocab_size=32000,
+        max_position_embeddings=8192,
+        dropout=0.0,
+    ),
 }
 
 

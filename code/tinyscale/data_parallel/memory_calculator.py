@@ -89,6 +89,11 @@ def zero_step_bytes(*, stage: int, numel: int, world: int, bytes_per_element: in
 
 
 # --8<-- [start:activations]
+def activation_element_bytes(precision: str) -> int:
+    """Bytes of one saved matmul input or output: 4 in fp32, 2 under bf16 or fp16 autocast."""
+    return 4 if check_precision(precision) == "fp32" else 2
+
+
 def activation_bytes_estimate(
     cfg: ModelConfig,
     *,
@@ -117,7 +122,7 @@ def activation_bytes_estimate(
     a, vocab, layers = cfg.num_attention_heads, cfg.vocab_size, cfg.num_hidden_layers
     t = tensor_parallel
     sp = t if sequence_parallel else 1  # what the tensors between the regions are divided by
-    act = 4 if check_precision(precision) == "fp32" else 2  # matmul outputs: 16-bit under autocast
+    act = activation_element_bytes(precision)  # matmul outputs: 16-bit under autocast
     fp32 = 4  # norm statistics, log-sum-exp and log-softmax stay in fp32
     bsh = b * s * h
     norms = 2 * bsh // sp + 2 * bsh  # the norms' inputs; their outputs, which the linears keep

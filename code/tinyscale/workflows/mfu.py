@@ -4,8 +4,9 @@
 Try it:  python -m tinyscale.workflows.mfu
 
 MFU = the FLOPs the model needs per second of training / the peak FLOP/s of the hardware.
-The peak of this CPU is measured (a square fp32 matmul, timed); a GPU's is its data
-sheet's dense bf16 number, passed with --peak-tflops.
+The FLOPs are tinyscale.core.flops's formula, checked here against torch's counter. The
+peak of this CPU is measured (a square fp32 matmul, timed); a GPU's is its data sheet's
+dense bf16 number, passed with --peak-tflops.
 """
 
 import dataclasses
@@ -18,40 +19,21 @@ from collections.abc import Sequence
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from tinyscale.core.config import ModelConfig
+from tinyscale.core.cli import add_flags, from_args
+from tinyscale.core.device import select_device
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
+from tinyscale.core.flops import flops_per_token
 from tinyscale.core.memory import activation_bytes, human_bytes
 from tinyscale.core.model import TinyTransformer
+from tinyscale.core.precision import autocast_context
+from tinyscale.core.training import TrainConfig
 from tinyscale.data_parallel.memory_calculator import activation_bytes_estimate
 from tinyscale.workflows.profiling import ProfileConfig, build, train_step
 
 # --8<-- [end:header]
 
 
-# --8<-- [start:formula]
-def matmul_weights(cfg: ModelConfig) -> int:
-    """N: the weights that multiply activations in a matmul, each token once.
-
-    Per block q, k, v and the output projection (4 d^2) and the MLP (2 d i); then the head
-    (V d), the tied embedding matrix used as a matmul. Left out: the embedding *lookups*
-    (no arithmetic), biases and LayerNorms (d numbers each, not d^2).
-    """
-    d, i, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
-    return L * (4 * d * d + 2 * d * i) + V * d
-
-
-def flops_per_token(cfg: ModelConfig, seq_len: int) -> int:
-    """Forward + backward FLOPs per token: 6 N + 12 L T d.
-
-    6 N: a matmul costs 2 FLOPs per weight per token (multiply, add) in the forward, and
-    twice that in the backward (the gradient of the input and of the weight). 12 L T d:
-    attention's two T x T matmuls (q k^T, then the weights times v) cost 2 T d each per
-    token and layer forward, 4 T d backward; counted over the whole T x T square, the way
-    the math kernel computes it, although causal attention needs only half of it.
-    """
-    return 6 * matmul_weights(cfg) + 12 * cfg.num_hidden_layers * seq_len * cfg.hidden_size
-
-
+# --8<-- [start:counted]
 def counted_flops(model: TinyTransformer, x: torch.Tensor, y: torch.Tensor) -> int:
     """The FLOPs torch's counter sees in one forward + backward: matmuls and attention only."""
     with FlopCounterMode(display=False) as counter:
@@ -60,7 +42,7 @@ def counted_flops(model: TinyTransformer, x: torch.Tensor, y: torch.Tensor) -> i
     return counter.get_total_flops()
 
 
-# --8<-- [end:formula]
+# --8<-- [end:counted]
 
 
 # --8<-- [start:peak]
@@ -93,11 +75,15 @@ class Utilization:
         return self.achieved / self.peak_flops
 
 
-def measure(cfg: ProfileConfig, peak_flops: float, *, bf16: bool = False) -> Utilization:
-    """Time cfg.steps training steps (after cfg.warmup): the formula's FLOPs over the median."""
+def measure(cfg: ProfileConfig, peak_flops: float, *, precision: str = "fp32") -> Utilization:
+    """Time cfg.steps training steps (after cfg.warmup): the formula's FLOPs over the median.
+
+    ``precision``: one of core.precision.PRECISIONS; bf16 to compare with a GPU's bf16 peak.
+    """
+    autocast = autocast_context(select_device(cfg.device), precision)  # checked before work
     model, opt, (x, y) = build(cfg)
     times = []
-    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+    with autocast:
         for step in range(cfg.warmup + cfg.steps):
             t0 = time.perf_counter()
             train_step(model, opt, (x, y))  # its loss.item() waits for a GPU to finish
@@ -144,25 +130,30 @@ class LossOf(torch.nn.Module):
 
 
 # --8<-- [start:main]
+# The flags a training script has for the same things (tinyscale.core.cli): the batch, the
+# steps, the device, the precision. Here: the Lab's batch, 10 steps, the CPU, fp32.
+DEFAULTS = TrainConfig(device="cpu", max_steps=10)
+FLAGS = ("global_batch_size", "max_steps", "device", "precision")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="cpu", help="cpu, cuda or mps")
-    parser.add_argument("--batch-size", type=int, default=ProfileConfig.batch_size)
+    add_flags(parser, DEFAULTS, FLAGS, notes={"max_steps": "here: the steps timed",
+                                              "precision": "bf16 to compare with a GPU's peak"})  # fmt: skip
     parser.add_argument("--dropout", type=float, default=None, help="default: the config's")
-    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--peak-tflops", type=float, help="the card's peak; default: measured")
-    parser.add_argument("--bf16", action="store_true", help="autocast to bf16 (on a GPU)")
     args = parser.parse_args(argv)
-    if args.device != "cpu" and args.peak_tflops is None:
+    train = from_args(DEFAULTS, args)  # every TrainConfig flag is checked here
+    if train.device != "cpu" and args.peak_tflops is None:  # auto included: it may be a GPU
         raise UsageError("--peak-tflops is needed off the CPU: the card's dense peak, e.g. 989")
-    cfg = ProfileConfig(device=args.device, batch_size=args.batch_size, dropout=args.dropout,
-                        steps=args.steps)  # fmt: skip
+    cfg = ProfileConfig(device=train.device, batch_size=train.global_batch_size,
+                        dropout=args.dropout, steps=train.max_steps)  # fmt: skip
     peak = args.peak_tflops * 1e12 if args.peak_tflops else matmul_peak()
-    use = measure(cfg, peak, bf16=args.bf16)
+    use = measure(cfg, peak, precision=train.precision)
     print(f"FLOPs per token: {use.flops_per_token:,} x {use.tokens_per_step:,} tokens per step")
     print(f"achieved: {use.achieved / 1e9:,.2f} GFLOP/s, peak: {peak / 1e9:,.1f} GFLOP/s, "
           f"MFU: {100 * use.mfu:.1f} %")  # fmt: skip
-    if args.device == "cpu":
+    if train.device == "cpu":
         for line in memory_report(cfg):
             print(line)
     return 0

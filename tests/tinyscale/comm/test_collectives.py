@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from helpers import assert_timing
 from tinyscale.comm import collectives as C
+from tinyscale.comm.counter import CollectiveCounter
 from tinyscale.comm.launch import RankFailed, run_on_ranks
 from tinyscale.comm.tree_allreduce import tree_all_reduce
 from tinyscale.core.errors import UsageError
@@ -51,17 +52,18 @@ def check_everything() -> dict[str, Any]:
     """On every rank: each collective, ours and torch's, on every shape and kind."""
     rank, world = dist.get_rank(), dist.get_world_size()
     pairs: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (name, shape, kind) -> both
-    traffic: dict[tuple, dict[str, int]] = {}  # (name, shape) -> bytes this rank sent
+    traffic: dict[tuple, float] = {}  # (name, shape) -> bytes this rank sent, check included
 
     def run(name: str, shape: tuple[int, ...], kind: str, fn: Any, *args: Any) -> None:
-        C.TRAFFIC.clear()
-        fn(*args)
+        with CollectiveCounter() as counter:
+            fn(*args)
         if kind == "whole":
-            traffic[name, shape] = dict(C.TRAFFIC)
+            traffic[name, shape] = counter.sent_bytes()
 
     for shape in SHAPES:
         for kind in KINDS:
             x = make(shape, kind, rank)
+            run("check", shape, kind, C.check_same, "check", x)  # the shape check alone
             ref = x.clone()
             dist.all_reduce(ref)
             ours = x.clone()
@@ -173,17 +175,22 @@ def chunk_bytes(shape: tuple[int, ...], world: int) -> list[int]:
     return [4 * len(c) for c in torch.empty(shape).view(-1).tensor_split(world)]
 
 
+def data_bytes(ranks: list[dict], name: str, shape: tuple[int, ...]) -> list[float]:
+    """Each rank's bytes for one call, less its shape check's (counted alone, same shape)."""
+    return [r["traffic"][name, shape] - r["traffic"]["check", shape] for r in ranks]
+
+
 def test_ring_all_reduce_sends_2_n_minus_1_over_n_bytes(results) -> None:
     world, ranks = results
     for shape in SHAPES:
         size, chunks = 4 * torch.Size(shape).numel(), chunk_bytes(shape, world)
-        sent = [r["traffic"]["ring_all_reduce", shape].get("data", 0) for r in ranks]
+        sent = data_bytes(ranks, "ring_all_reduce", shape)
         # exact, any size: rank r sends every chunk but its own, then every chunk but r + 1
         assert sent == [2 * size - chunks[r] - chunks[(r + 1) % world] for r in range(world)]
         assert sum(sent) == 2 * (world - 1) * size
         if size % (4 * world) == 0:  # the page's formula, exact when N divides the size
             assert sent == [2 * (world - 1) / world * size] * world, shape
-        checks = [r["traffic"]["ring_all_reduce", shape]["check"] for r in ranks]
+        checks = [r["traffic"]["check", shape] for r in ranks]
         assert checks == [(world - 1) * CHECK_BYTES] * world
 
 
@@ -191,8 +198,8 @@ def test_the_other_collectives_send_what_their_docstrings_say(results) -> None:
     world, ranks = results
     for shape in SHAPES:
         size, chunks = 4 * torch.Size(shape).numel(), chunk_bytes(shape, world)
-        names = {name for name, s in ranks[0]["traffic"] if s == shape}
-        sent = {name: [r["traffic"][name, shape].get("data", 0) for r in ranks] for name in names}
+        names = {name for name, s in ranks[0]["traffic"] if s == shape and name != "check"}
+        sent = {name: data_bytes(ranks, name, shape) for name in names}
         assert sent["ring_reduce_scatter"] == [size - chunks[r] for r in range(world)]
         assert sent["ring_all_gather"] == [size - chunks[(r + 1) % world] for r in range(world)]
         assert sent["all_gather_single"] == [(world - 1) * size] * world

@@ -9,6 +9,7 @@ were posted and waited for, and what misuse raises. The benchmark's segment swee
 re-run at one cheap point against its recorded table.
 """
 
+import functools
 import importlib.util
 import json
 import math
@@ -19,11 +20,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import assert_timing
+from helpers import CallTimeline, assert_timing, usage_error
 from tinyscale.comm import collectives as C
 from tinyscale.comm import pipelined_ring as P
+from tinyscale.comm.counter import CollectiveCounter
 from tinyscale.comm.launch import run_on_ranks
-from tinyscale.core.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[3]
 RECORDED = ROOT / "docs" / "generated" / "week1"
@@ -47,50 +48,37 @@ def make(shape: tuple[int, ...], kind: str, rank: int) -> torch.Tensor:
 
 
 def traced(tensor: torch.Tensor, segment_bytes: int) -> tuple[list[str], int]:
-    """Run the pipelined ring with dist.isend/irecv and Work.wait logged; return the log."""
-    log: list[str] = []
-    isend, irecv = dist.isend, dist.irecv
-
-    class Logged:
-        def __init__(self, work: Any, name: str) -> None:
-            self.work, self.name = work, name
-
-        def wait(self) -> bool:
-            log.append(f"wait {self.name}")
-            return self.work.wait()
-
-    def counted(post: Any, kind: str) -> Any:
-        def call(t: torch.Tensor, peer: int, *args: Any, **kwargs: Any) -> Logged:
-            name = f"{kind}{sum(e.startswith(f'post {kind}') for e in log)}"
-            log.append(f"post {name}")
-            return Logged(post(t, peer, *args, **kwargs), name)
-
-        return call
-
-    dist.isend, dist.irecv = counted(isend, "send"), counted(irecv, "recv")
-    try:
+    """Run the pipelined ring on a CallTimeline: each message's post and wait, in order
+    ("post send0", "post recv0", "wait recv0", ...), and how many messages it sent."""
+    with CallTimeline() as timeline:
         P.pipelined_ring_all_reduce(tensor, segment_bytes=segment_bytes, check=False)
-    finally:
-        dist.isend, dist.irecv = isend, irecv
-    return log, sum(e.startswith("post send") for e in log)
+    names: list[str] = []
+    for call in timeline.calls:  # isend, irecv -> send0, send1, ..., recv0, ...
+        kind = call.op.removeprefix("i")
+        names.append(f"{kind}{sum(n.startswith(kind) for n in names)}")
+    log = [f"{'post' if what == 'call' else what} {names[i]}" for what, i in timeline.events]
+    return log, timeline.ops()["isend"]
 
 
 def check_everything() -> dict[str, Any]:
     """On every rank: the pipelined ring, torch's all-reduce and the plain ring, everywhere."""
     rank, world = dist.get_rank(), dist.get_world_size()
     pairs: dict[tuple, tuple[torch.Tensor, ...]] = {}  # (shape, kind, segment) -> results
-    traffic: dict[tuple, dict[str, int]] = {}
+    traffic: dict[tuple, float] = {}  # (shape, kind, segment) -> bytes sent, check included
     for shape in SHAPES:
         for kind in KINDS:
             x = make(shape, kind, rank)
             ref = x.clone()
             dist.all_reduce(ref)
             plain = C.ring_all_reduce(x.clone())
+            with CollectiveCounter() as check:  # the shape check alone
+                C.check_same("check", x)
+            traffic[shape, kind, "check"] = check.sent_bytes()
             for segment in SMALL_SEGMENTS if x.numel() < 100 else LARGE_SEGMENTS:
-                C.TRAFFIC.clear()
-                ours = P.pipelined_ring_all_reduce(x.clone(), segment_bytes=segment)
+                with CollectiveCounter() as counter:
+                    ours = P.pipelined_ring_all_reduce(x.clone(), segment_bytes=segment)
                 pairs[shape, kind, segment] = ours, ref, plain
-                traffic[shape, kind, segment] = dict(C.TRAFFIC)
+                traffic[shape, kind, segment] = counter.sent_bytes()
                 if x.is_floating_point():
                     mean = P.pipelined_ring_all_reduce(
                         x.clone(), segment_bytes=segment, average=True
@@ -123,11 +111,7 @@ def misuse() -> dict[str, Any]:
     report: dict[str, Any] = {}
     for name, call in bad.items():
         t = torch.arange(6.0)
-        try:
-            call(t)
-            report[name] = None
-        except UsageError as err:
-            report[name] = str(err)
+        report[name] = usage_error(functools.partial(call, t))
         report[name, "untouched"] = torch.equal(t, torch.arange(6.0))
     report["after"] = P.pipelined_ring_all_reduce(torch.ones(5), segment_bytes=4)
     return report
@@ -166,15 +150,18 @@ def test_every_rank_ends_with_the_same_bits(results) -> None:
 def test_segmenting_adds_no_bytes(results) -> None:
     """Exactly the plain ring's bytes: 2S − |chunk r| − |chunk r+1|, whatever the segment."""
     world, ranks = results
-    for (shape, kind, segment), _ in ranks[0]["traffic"].items():
+    for shape, kind, segment in ranks[0]["traffic"]:
+        checks = [r["traffic"][shape, kind, "check"] for r in ranks]
+        assert checks == [(world - 1) * CHECK_BYTES] * world
+        if segment == "check":
+            continue
         item = make(shape, kind, 0).element_size()
         size = item * torch.Size(shape).numel()
         chunks = [item * len(c) for c in torch.empty(shape).view(-1).tensor_split(world)]
-        sent = [r["traffic"][shape, kind, segment].get("data", 0) for r in ranks]
+        sent = [r["traffic"][shape, kind, segment] - r["traffic"][shape, kind, "check"]
+                for r in ranks]  # fmt: skip
         assert sent == [2 * size - chunks[r] - chunks[(r + 1) % world] for r in range(world)]
         assert sum(sent) == 2 * (world - 1) * size
-        checks = [r["traffic"][shape, kind, segment]["check"] for r in ranks]
-        assert checks == [(world - 1) * CHECK_BYTES] * world
 
 
 def test_messages_per_rank_are_n_minus_1_times_p_plus_1(results) -> None:

@@ -13,9 +13,13 @@ from types import SimpleNamespace
 import pytest
 
 from helpers import recorded_output
-from tinyscale.composed.two_d import data_step_bytes, tensor_step_bytes
+from tinyscale.composed.two_d import tensor_step_bytes
 from tinyscale.core.config import preset
-from tinyscale.data_parallel.memory_calculator import activation_bytes_estimate, zero_state_bytes
+from tinyscale.data_parallel.memory_calculator import (
+    activation_bytes_estimate,
+    zero_state_bytes,
+    zero_step_bytes,
+)
 from tinyscale.model_parallel.tensor_parallel import parameters_per_rank
 
 PAGE = "week-4/parallelism-2d-3d.md"
@@ -56,7 +60,7 @@ def test_bytes_per_group_are_the_formulas(runs) -> None:
     tensor = tensor_step_bytes(cfg, batch=4, seq_len=cfg.max_position_embeddings, tp=2)
     for r in runs:
         assert r.tensor_bytes == tensor
-        assert r.data_bytes == data_step_bytes(r.params, dp=2)
+        assert r.data_bytes == zero_step_bytes(stage=1, numel=r.params, world=2)  # ZeRO-1
 
 
 def test_memory_per_rank_against_the_calculator(runs) -> None:
@@ -91,10 +95,10 @@ def test_the_planner_chooses_torchtitans_published_layouts() -> None:
     pytest.importorskip("torchtitan", reason="torchtitan is in the cluster extra: make setup")
     from torchtitan.models.llama3.config_registry import llama3_8b, llama3_70b
 
-    from tinyscale.composed.planner import MODELS, Cluster, Workload, plan
+    from tinyscale.composed.planner import Cluster, Workload, plan
 
     for name, gpus, batch, recipe in [("7b", 16, 64, llama3_8b), ("70b", 64, 128, llama3_70b)]:
-        best = plan(Workload(model=MODELS[name], seq_len=8192, global_batch=batch),
+        best = plan(Workload(model=preset(name), seq_len=8192, global_batch=batch),
                     Cluster(gpus=gpus))[0]  # fmt: skip
         published = recipe().parallelism
         assert (best.tp, best.pp, best.zero) == (published.tensor_parallel_degree, 1, 3)
@@ -103,9 +107,9 @@ def test_the_planner_chooses_torchtitans_published_layouts() -> None:
 
 def test_a_model_that_fits_nowhere_is_one_line() -> None:
     from helpers import one_line_error
-    from tinyscale.composed.planner import MODELS, Cluster, Workload, plan
+    from tinyscale.composed.planner import Cluster, Workload, plan
 
-    w = Workload(model=MODELS["70b"], seq_len=8192, global_batch=8)
+    w = Workload(model=preset("70b"), seq_len=8192, global_batch=8)
     message = one_line_error(plan, w, Cluster(gpus=8))
     assert message.startswith("no layout fits in 80 GB x 0.85; the smallest needs")
     assert message.endswith("add GPUs, turn on --recompute, or shorten the sequences")
@@ -113,11 +117,10 @@ def test_a_model_that_fits_nowhere_is_one_line() -> None:
 
 def test_the_pages_activation_sentence_is_the_calculator() -> None:
     from helpers import prose
-    from tinyscale.composed.planner import MODELS
 
     def gib(**split: object) -> float:
         kw = {"micro_batch": 1, "seq_len": 8192, "precision": "bf16"}
-        return activation_bytes_estimate(MODELS["70b"], **kw, **split) / 2**30
+        return activation_bytes_estimate(preset("70b"), **kw, **split) / 2**30
 
     assert f"saves about {round(gib(), -1):.0f} GiB of activations" in prose(PAGE)
     assert f"down to {gib(tensor_parallel=8, sequence_parallel=True):.0f} GiB per GPU" in prose(

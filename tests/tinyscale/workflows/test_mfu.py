@@ -1,4 +1,5 @@
-"""FLOPs per token against torch's FLOP counter, MFU's arithmetic, the memory report."""
+"""FLOPs per token (tinyscale.core.flops) against torch's FLOP counter, MFU's arithmetic,
+the memory report."""
 
 import dataclasses
 
@@ -8,15 +9,15 @@ import torch
 from helpers import one_line_error
 from tinyscale.core.config import load_model_config
 from tinyscale.core.errors import run_cli
+from tinyscale.core.flops import flops_per_token, matmul_weights
 from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel.memory_calculator import activation_bytes_estimate
 from tinyscale.workflows.mfu import (
     Utilization,
     counted_flops,
-    flops_per_token,
     main,
     matmul_peak,
-    matmul_weights,
+    measure,
     memory_report,
 )
 from tinyscale.workflows.profiling import ProfileConfig
@@ -75,7 +76,18 @@ def test_memory_report_counts_what_autograd_saves() -> None:
     assert estimate > 0
 
 
+def test_bf16_autocasts_the_timed_steps() -> None:
+    """--precision bf16 times the same step under autocast (the precision vocabulary's)."""
+    use = measure(ProfileConfig(batch_size=2, warmup=0, steps=1), 1e12, precision="bf16")
+    assert use.seconds_per_step > 0 and use.tokens_per_step == 2 * 64
+
+
 def test_bad_input_is_one_line(capsys) -> None:
     assert run_cli(main, ["--device", "cuda"]) == 2
     assert "--peak-tflops" in capsys.readouterr().err
-    assert "--steps" in one_line_error(ProfileConfig, steps=0)
+    assert run_cli(main, ["--precision", "fp8"]) == 2  # the course's PRECISIONS only
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "fp32, bf16, fp16" in err, err
+    # fp16 autocast needs a GPU: one line, before the model is built
+    assert "fp16" in one_line_error(measure, ProfileConfig(), 1e12, precision="fp16")
+    assert "--max-steps" in one_line_error(ProfileConfig, steps=0)

@@ -6,7 +6,7 @@ import re
 
 from helpers import ROOT, load_script, prose
 from tinyscale.core.config import load_model_config
-from tinyscale.workflows.mfu import flops_per_token
+from tinyscale.core.flops import flops_per_token
 
 FILE = ROOT / "docs" / "generated" / "workflows" / "profile_bench.txt"
 PAGE = "workflows/profiling.md"
