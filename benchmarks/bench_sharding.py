@@ -39,7 +39,7 @@ def build(name: str, base: TinyTransformer):
         zero = ZeRO(model, stage=3, units=list(model.blocks), lr=1e-4)
         return lambda x, y: (zero(x, y)[1].backward(), zero.step(), zero.zero_grad())
     if name.startswith("FSDP2"):
-        shard_model(model, make_mesh(WORLD), bf16=name.endswith("bf16"))
+        shard_model(model, make_mesh(WORLD), precision="bf16" if name.endswith("bf16") else "fp32")
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
         return lambda x, y: (model(x, y)[1].backward(), opt.step(), opt.zero_grad())
     import deepspeed

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # check catches is a benchmark that no longer runs, runs something else, or a unit slip
 # (1000x). Seen (TINYSCALE_TIMING_LOG, make test on the 2-core machine, and the same tests
 # beside eight other jobs): a step made of sleeps 0.93x to 0.96x; one training step's
-# tokens/s 0.15x to 1.9x (one step of bf16 on a CPU); a kernel or a small message of a
+# tokens/s 0.12x to 1.9x (one step of bf16 on a CPU); a kernel or a small message of a
 # few microseconds 0.18x to 26x (it waits for process wake-ups on a loaded machine).
 TIMING_FACTORS = {"sleep": 2.0, "training": 20.0, "microseconds": 40.0}
 # run_on_ranks' bounds, spelled out: every wait bounded, so a hang fails the test

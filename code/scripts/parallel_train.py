@@ -5,12 +5,12 @@ Launch:  torchrun --standalone --nproc-per-node 4 code/scripts/parallel_train.py
 Resume:  the same command with --resume auto, on this shape or another (--dp 4, --pp 2 --dp 2)
 GPUs:    torchrun --nnodes 8 --nproc-per-node 8 ... parallel_train.py --fsdp 8 --tp 8
 
-The world is a 4-D grid, pp x dp x fsdp x tp = the number of processes (a DeviceMesh):
-tensor parallelism (DTensor, sequence parallel on) inside each pipeline stage, FSDP2 over
-the data-parallel ranks (HSDP: shard over fsdp, replicate over dp), and torch's 1F1B
-pipeline schedule over pp. A checkpoint is one DCP directory whatever the shape: every
-tensor is saved under its name in the model, in the model's own layout, so a run saved on
-one shape resumes on any other.
+The world is a 4-D grid, pp x dp x fsdp x tp = the number of processes (a ParallelLayout,
+one DeviceMesh): tensor parallelism (DTensor, sequence parallel on) inside each pipeline
+stage, FSDP2 over the data-parallel ranks (HSDP: shard over fsdp, replicate over dp), and
+torch's 1F1B pipeline schedule over pp. A checkpoint is one DCP directory whatever the
+shape: every tensor is saved under its name in the model, in the model's own layout, so a
+run saved on one shape resumes on any other.
 """
 
 import argparse
@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
@@ -42,6 +42,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from tinyscale.comm.dist import DistEnv, device_for, dist_env, distributed, rank_logger
+from tinyscale.comm.parallel_layout import ParallelLayout, ParallelMesh, add_layout_flags
 from tinyscale.core.checkpoint import latest_checkpoint
 from tinyscale.core.cli import add_flags, from_args
 from tinyscale.core.config import ModelConfig, load_model_config
@@ -59,7 +60,7 @@ from tinyscale.model_parallel.tp_dtensor import block_plan, heads_in_rank_order
 logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 # The TP head's logits are a view; FSDP2 warns against in-place ops on it, and we do none.
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
-AXES = ("pp", "dp", "fsdp", "tp")  # outermost to innermost: tp's ranks are neighbours
+AXES = ("pp", "dp_replicate", "dp_shard", "tp")  # the layout's axes this script composes
 DEFAULTS = TrainConfig(epochs=1, global_batch_size=16, checkpoint_every=50, log_every=1,
                        output_dir="runs/shape")  # fmt: skip
 FLAGS = ("config", "corpus", "epochs", "global_batch_size", "lr", "warmup_steps", "min_lr_ratio",
@@ -70,10 +71,7 @@ FLAGS = ("config", "corpus", "epochs", "global_batch_size", "lr", "warmup_steps"
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_flags(p, DEFAULTS, FLAGS, notes={"device": "auto picks one GPU per rank, or the CPU"})
-    for axis, what in zip(AXES, ("pipeline stages", "model copies (replicated)",
-                                 "ranks sharing one copy (FSDP)", "tensor-parallel ranks"),
-                          strict=True):  # fmt: skip
-        p.add_argument(f"--{axis}", type=int, default=1, help=f"{what}; the product = world")
+    add_layout_flags(p, AXES)  # --pp --dp --fsdp --tp
     p.add_argument("--microbatches", type=int, default=2, help="per pipeline step (--pp > 1)")
     p.add_argument("--dropout", type=float, default=None, help="override the config's dropout")
     args = p.parse_args(argv)
@@ -93,7 +91,7 @@ class Run:
     device: torch.device
     model_cfg: ModelConfig
     cfg: TrainConfig
-    shape: dict[str, int]  # {"pp": .., "dp": .., "fsdp": .., "tp": ..}
+    layout: ParallelLayout  # pp x dp_replicate x dp_shard x tp
     microbatches: int
     resume: Path | None
 
@@ -101,42 +99,32 @@ class Run:
 def check_inputs(args: argparse.Namespace) -> Run:
     """Every bad flag fails here, the same way on every rank, before anything is written."""
     cfg, env = args.cfg, dist_env()
-    shape = {axis: getattr(args, axis) for axis in AXES}
-    if min(shape.values()) < 1:
-        raise UsageError(
-            f"every axis needs at least 1 rank, got {shape}: use --pp/--dp/--fsdp/--tp >= 1"
-        )
-    product = shape["pp"] * shape["dp"] * shape["fsdp"] * shape["tp"]
-    if product != env.world_size:
-        named = " x ".join(f"{a} {n}" for a, n in shape.items())
-        raise UsageError(
-            f"{named} = {product} ranks but torchrun started {env.world_size}: make the "
-            f"product of --pp --dp --fsdp --tp equal --nproc-per-node x --nnodes"
-        )
+    layout = ParallelLayout.from_args(args, AXES)  # each degree a whole number >= 1
+    layout.validate(env.world_size)  # and their product the number of processes
     model_cfg = load_model_config(cfg.config)
     if args.dropout is not None:
         model_cfg = dataclasses.replace(model_cfg, dropout=args.dropout)
-    check_tensor_parallel_size(model_cfg, shape["tp"])  # heads and widths divide by tp
-    split_layers(model_cfg.num_hidden_layers, shape["pp"])  # at most one stage per block
-    copies = shape["dp"] * shape["fsdp"]  # the ranks that see different data
+    check_tensor_parallel_size(model_cfg, layout.tp)  # heads and widths divide by tp
+    split_layers(model_cfg.num_hidden_layers, layout.pp)  # at most one stage per block
+    copies = layout.data_parallel  # dp x fsdp: the ranks that see different data
     per_copy = cfg.global_batch_size // copies
-    micro = args.microbatches if shape["pp"] > 1 else 1
+    micro = args.microbatches if layout.pp > 1 else 1
     if cfg.global_batch_size % copies or per_copy % micro:
         raise UsageError(
             f"--global-batch-size {cfg.global_batch_size} does not split into dp x fsdp = "
             f"{copies} copies of {micro} equal micro-batches: pick a multiple of {copies * micro}"
         )
-    if model_cfg.max_position_embeddings % shape["tp"]:
+    if model_cfg.max_position_embeddings % layout.tp:
         raise UsageError(
             f"sequence parallelism cuts {model_cfg.max_position_embeddings} positions into "
-            f"--tp {shape['tp']} parts: pick a --tp that divides max_position_embeddings"
+            f"--tp {layout.tp} parts: pick a --tp that divides max_position_embeddings"
         )
     checkpoints = Path(cfg.output_dir, "checkpoints")
     resume = latest_checkpoint(checkpoints) if cfg.resume == "auto" else cfg.resume
     if resume is not None and not Path(resume, ".metadata").is_file():
         raise UsageError(f"{resume} is not a complete DCP checkpoint: resume from another")
-    return Run(env=env, device=device_for(env, cfg.device), model_cfg=model_cfg, cfg=cfg, shape=shape, microbatches=micro,
-               resume=Path(resume) if resume else None)  # fmt: skip
+    return Run(env=env, device=device_for(env, cfg.device), model_cfg=model_cfg, cfg=cfg,
+               layout=layout, microbatches=micro, resume=Path(resume) if resume else None)  # fmt: skip
 
 
 # --8<-- [end:check]
@@ -183,40 +171,36 @@ def in_model_order(name: str, tensor: torch.Tensor, cfg: ModelConfig, tp: int) -
 
 
 # --8<-- [start:build]
-def build(run: Run, mesh: DeviceMesh) -> tuple[ModelStage, torch.optim.Optimizer]:
+def build(run: Run, parallel: ParallelMesh) -> tuple[ModelStage, torch.optim.Optimizer]:
     """This rank's stage: cut from the whole model, split by tp, sharded over dp x fsdp."""
-    cfg, shape = run.model_cfg, run.shape
+    cfg, layout, mesh = run.model_cfg, run.layout, parallel.mesh
     seed_everything(run.cfg.seed)  # every rank builds the same whole model ...
     model = TinyTransformer(cfg).to(run.device)
-    pp_rank = mesh.get_local_rank("pp")
-    layers = split_layers(cfg.num_hidden_layers, shape["pp"])[pp_rank]
-    stage = ModelStage(model, layers=layers, first=pp_rank == 0, last=pp_rank == shape["pp"] - 1)
+    pp_rank = layout.coordinate(run.env.rank)["pp"]
+    layers = split_layers(cfg.num_hidden_layers, layout.pp)[pp_rank]
+    stage = ModelStage(model, layers=layers, first=pp_rank == 0, last=pp_rank == layout.pp - 1)
     del model  # ... and keeps its stage: the other blocks are freed
-    if shape["tp"] > 1:
+    if layout.tp > 1:
         parallelize_stage(stage, mesh["tp"])
-    if shape["dp"] * shape["fsdp"] > 1:  # FSDP2 on a 2-D mesh: HSDP, shard inner, copy outer
-        data_mesh = mesh["dp", "fsdp"]
+    if layout.data_parallel > 1:  # FSDP2 on a 2-D mesh: HSDP, shard inner, copy outer
+        data_mesh = mesh["dp_replicate", "dp_shard"]
         for block in stage.blocks.values():
             fully_shard(block, mesh=data_mesh)
         fully_shard(stage, mesh=data_mesh)
     # The dp x fsdp copies draw different dropout masks; a tensor group draws the same ones
-    torch.manual_seed(run.cfg.seed + 1 + mesh.get_local_rank("dp") * shape["fsdp"]
-                      + mesh.get_local_rank("fsdp") + 1000 * pp_rank)  # fmt: skip
+    torch.manual_seed(run.cfg.seed + 1 + layout.data_rank(run.env.rank) + 1000 * pp_rank)
     optimizer = make_optimizer(stage, run.cfg)
     for group in optimizer.param_groups:
         group["foreach"] = False  # parameters on different meshes (or none) in one group
     return stage, optimizer
 
 
-def tied_pairs(mesh: DeviceMesh, run: Run) -> dist.ProcessGroup | None:
+def tied_pairs(parallel: ParallelMesh, run: Run) -> dist.ProcessGroup | None:
     """With --pp > 1 and tied embeddings, the first and the last stage each hold the matrix:
     one group per pair of ranks at the same (dp, fsdp, tp) place sums their gradients."""
-    if run.shape["pp"] == 1 or not run.model_cfg.tie_word_embeddings:
+    if run.layout.pp == 1 or not run.model_cfg.tie_word_embeddings:
         return None
-    grid = mesh.mesh.reshape(run.shape["pp"], -1)  # stage x (dp, fsdp, tp) place
-    pairs = [[int(grid[0, i]), int(grid[-1, i])] for i in range(grid.shape[1])]
-    mine, _ = dist.new_subgroups_by_enumeration(pairs)
-    return mine
+    return parallel.subgroup([[line[0], line[-1]] for line in run.layout.groups("pp")])
 
 
 # --8<-- [end:build]
@@ -231,7 +215,7 @@ def checkpoint_state(stage: ModelStage, optimizer: torch.optim.Optimizer, run: R
     tied head is saved as tok_emb.weight (one name, whichever stage holds it). qkv is
     saved whole, in the model's row order (``in_model_order``); to load, a template.
     """
-    cfg, tp = run.model_cfg, run.shape["tp"]
+    cfg, tp = run.model_cfg, run.layout.tp
     state: dict[str, torch.Tensor] = {}
     for name, p in stage.named_parameters():
         key = "tok_emb.weight" if cfg.tie_word_embeddings and name == "lm_head.weight" else name
@@ -255,9 +239,9 @@ def checkpoint_state(stage: ModelStage, optimizer: torch.optim.Optimizer, run: R
 
 def place_qkv(stage: ModelStage, optimizer: torch.optim.Optimizer, loaded: dict, run: Run) -> None:
     """After a load: qkv's whole tensors back into rank order and into this rank's shards."""
-    order = heads_in_rank_order(run.model_cfg, run.shape["tp"])
+    order = heads_in_rank_order(run.model_cfg, run.layout.tp)
     for name, p in stage.named_parameters():
-        if not name.endswith(("attn.qkv.weight", "attn.qkv.bias")) or run.shape["tp"] == 1:
+        if not name.endswith(("attn.qkv.weight", "attn.qkv.bias")) or run.layout.tp == 1:
             continue
         moments = optimizer.state[p]
         for suffix, target in (("", p), (".exp_avg", moments["exp_avg"]),
@@ -275,7 +259,8 @@ def save(stage: ModelStage, optimizer: torch.optim.Optimizer, run: Run, step: in
         if path.exists():  # saved before by a run we resumed from an earlier step: new
             shutil.rmtree(path)  # files under the old .metadata would be a corrupt mix
         path.mkdir(parents=True)
-        (path / "shape.json").write_text(json.dumps(run.shape))  # for people; any shape loads
+        shape = run.layout.by_flag(AXES)  # {"pp": 1, "dp": 1, "fsdp": 2, "tp": 2}
+        (path / "shape.json").write_text(json.dumps(shape))  # for people; any shape loads
     dist.barrier()
     state = checkpoint_state(stage, optimizer, run)
     state["step"] = torch.tensor(step)
@@ -310,16 +295,16 @@ def local_numel(t: torch.Tensor) -> int:
     return t.to_local().numel() if isinstance(t, DTensor) else t.numel()
 
 
-def clip_gradients(stage: ModelStage, max_norm: float, run: Run, mesh: DeviceMesh) -> float:
+def clip_gradients(stage: ModelStage, max_norm: float, run: Run, parallel: ParallelMesh) -> float:
     """The global gradient norm over every shard and stage; the tied matrix counted once."""
     squares = torch.zeros((), device=run.device)
     for name, p in stage.named_parameters():
-        if run.shape["pp"] > 1 and name == "lm_head.weight" and run.model_cfg.tie_word_embeddings:
+        if run.layout.pp > 1 and name == "lm_head.weight" and run.model_cfg.tie_word_embeddings:
             continue  # stage 0 counts it
         norm = torch.linalg.vector_norm(p.grad)
         squares += (norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2
-    if run.shape["pp"] > 1:
-        dist.all_reduce(squares, group=mesh.get_group("pp"))
+    if run.layout.pp > 1:
+        dist.all_reduce(squares, group=parallel.group("pp"))
     total = squares.sqrt().item()
     scale = min(1.0, max_norm / (total + 1e-6))
     for p in stage.parameters():
@@ -328,17 +313,16 @@ def clip_gradients(stage: ModelStage, max_norm: float, run: Run, mesh: DeviceMes
 
 
 def train(run: Run, data, batches_per_epoch: int) -> None:
-    env, cfg, shape = run.env, run.cfg, run.shape
-    mesh = init_device_mesh(run.device.type, tuple(shape.values()), mesh_dim_names=AXES)
+    env, cfg, layout = run.env, run.cfg, run.layout
+    parallel = layout.build(device_type=run.device.type, timeout_s=cfg.timeout_s)  # every group
     log = rank_logger(env, cfg.log_dir)
-    stage, optimizer = build(run, mesh)
-    tied = tied_pairs(mesh, run)
-    copy = mesh.get_local_rank("dp") * shape["fsdp"] + mesh.get_local_rank("fsdp")
-    copies = shape["dp"] * shape["fsdp"]
+    stage, optimizer = build(run, parallel)
+    tied = tied_pairs(parallel, run)
+    copy, copies = layout.data_rank(env.rank), layout.data_parallel
     schedule = None
-    if shape["pp"] > 1:
-        pp_stage = PipelineStage(stage, mesh.get_local_rank("pp"), shape["pp"],
-                                 run.device, group=mesh.get_group("pp"))  # fmt: skip
+    if layout.pp > 1:
+        pp_stage = PipelineStage(stage, layout.coordinate(env.rank)["pp"], layout.pp,
+                                 run.device, group=parallel.group("pp"))  # fmt: skip
         loss_fn = functools.partial(microbatch_loss, microbatches=run.microbatches)
         schedule = Schedule1F1B(pp_stage, n_microbatches=run.microbatches, loss_fn=loss_fn,
                                 scale_grads=False)  # fmt: skip
@@ -349,7 +333,7 @@ def train(run: Run, data, batches_per_epoch: int) -> None:
         log.info(f"resumed from step {step}, saved by {saved}")
     whole = sum(p.numel() for p in stage.parameters())  # a DTensor's numel is the whole's
     held = sum(local_numel(p) for p in stage.parameters())
-    log.info(" x ".join(f"{a} {n}" for a, n in shape.items())
+    log.info(" x ".join(f"{a} {n}" for a, n in layout.by_flag(AXES).items())
              + f" | this rank holds {held:,} of its stage's {whole:,} parameters")  # fmt: skip
     while step < plan.stop_at:
         epoch, batch_in_epoch = plan.position(step)
@@ -372,12 +356,12 @@ def train(run: Run, data, batches_per_epoch: int) -> None:
             if tied is not None:  # the embedding's and the head's gradients, summed
                 sum_tied_gradients(stage.tok_emb.weight if stage.first else stage.lm_head.weight,
                                    tied)  # fmt: skip
-            norm = clip_gradients(stage, cfg.grad_clip, run, mesh)
+            norm = clip_gradients(stage, cfg.grad_clip, run, parallel)
             optimizer.step()
             step += 1
             mean = loss.detach().clone()  # every last-stage rank: its copy's loss
             dist.all_reduce(mean)
-            mean /= copies * shape["tp"]  # the tp ranks of a copy hold the same loss
+            mean /= copies * layout.tp  # the tp ranks of a copy hold the same loss
             if step % cfg.log_every == 0 or step == plan.stop_at:
                 speed = cfg.global_batch_size * x.shape[1] / (time.perf_counter() - t0)
                 log.info(f"step {step:4d}/{plan.total_steps} | loss {mean.item():.4f} | "

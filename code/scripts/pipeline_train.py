@@ -7,9 +7,9 @@ Resume:  the same command with --resume auto (the newest complete checkpoint)
 PP x DP: torchrun --standalone --nproc-per-node 4 code/scripts/pipeline_train.py --pp 2
 GPUs:    torchrun --nproc-per-node 8 code/scripts/pipeline_train.py --pp 2 --global-batch-size 64
 
-The world is a pp x dp grid: dp pipelines of pp ranks each. Every pipeline runs the
-whole model on its share of the global batch, cut into pp (or 2 pp) stages; the dp
-copies of a stage average their gradients, as DDP would. Each rank saves its own stages
+The world is a pp x dp grid (a ParallelLayout): dp pipelines of pp ranks each. Every
+pipeline runs the whole model on its share of the global batch, cut into pp (or 2 pp)
+stages; the dp copies of a stage average their gradients, as DDP would. Each rank saves its own stages
 in a checkpoint directory whose manifest rank 0 writes last.
 """
 
@@ -24,10 +24,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from tinyscale.comm.dist import DistEnv, device_for, dist_env, distributed, rank_logger
+from tinyscale.comm.parallel_layout import ParallelLayout, add_layout_flags
 from tinyscale.core.checkpoint import (
     latest_checkpoint,
     remove_stale_temps,
@@ -51,7 +51,6 @@ from tinyscale.model_parallel.torch_pipeline import (
     last_stage_rank,
     stage_placement,
     sync_tied_embedding,
-    tied_embedding_group,
 )
 
 DEFAULTS = TrainConfig(
@@ -65,7 +64,7 @@ FLAGS = ("config", "corpus", "epochs", "global_batch_size", "lr", "warmup_steps"
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_flags(p, DEFAULTS, FLAGS, notes={"device": "auto picks one GPU per rank, or the CPU"})
-    p.add_argument("--pp", type=int, default=2, help="pipeline stages' ranks; dp = world / pp")
+    add_layout_flags(p, ("pp",), pp=2)  # --pp; --dp takes the ranks that are left
     p.add_argument("--microbatches", type=int, default=4, help="per pipeline and step")
     p.add_argument("--schedule", default="1f1b", help=f"one of {', '.join(SCHEDULES)}")
     args = p.parse_args(argv)
@@ -85,11 +84,10 @@ class Run:
     device: torch.device
     model_cfg: ModelConfig
     cfg: TrainConfig
-    pp: int
-    dp: int
+    layout: ParallelLayout  # pp x dp_replicate
     microbatches: int
     schedule: str
-    layout: list[list[int]]  # the blocks of every pipeline stage, in order
+    blocks: list[list[int]]  # the blocks of every pipeline stage, in order
     stages: list[int]  # the pipeline stages this rank runs
     resume: dict[str, Any] | None
 
@@ -99,12 +97,8 @@ def check_inputs(args: argparse.Namespace) -> Run:
     cfg, env = args.cfg, dist_env()
     device = device_for(env, cfg.device)
     _, per_rank = check_schedule(args.schedule)
-    if not 1 <= args.pp <= env.world_size or env.world_size % args.pp:
-        raise UsageError(
-            f"--pp {args.pp} does not divide the world of {env.world_size} processes: pick a "
-            f"divisor of --nproc-per-node (dp = world / pp pipelines side by side)"
-        )
-    dp = env.world_size // args.pp
+    layout = ParallelLayout.filling(env.world_size, "dp_replicate", pp=args.pp)
+    dp = layout.dp_replicate  # pipelines side by side
     model_cfg = load_model_config(cfg.config)
     stages = args.pp * per_rank
     if stages > model_cfg.num_hidden_layers:
@@ -119,21 +113,21 @@ def check_inputs(args: argparse.Namespace) -> Run:
             f"--microbatches {args.microbatches} does not divide the {batch} samples each of "
             f"the {dp} pipelines gets (--global-batch-size {cfg.global_batch_size} / dp {dp})"
         )
-    layout = [list(r) for r in split_layers(model_cfg.num_hidden_layers, stages)]
+    blocks = [list(r) for r in split_layers(model_cfg.num_hidden_layers, stages)]
     path = (
         latest_checkpoint(Path(cfg.output_dir, "checkpoints"))
         if cfg.resume == "auto"
         else cfg.resume
     )
-    mine = stage_placement(args.schedule, rank=env.rank // dp, pp=args.pp)
+    mine = stage_placement(args.schedule, rank=layout.coordinate(env.rank)["pp"], pp=args.pp)
     resume = load_ranked(path, rank=env.rank, world_size=env.world_size) if path else None
-    if resume is not None and (resume["layout"], resume["stages"]) != (layout, mine):
+    if resume is not None and (resume["layout"], resume["stages"]) != (blocks, mine):
         raise UsageError(
             f"checkpoint {path} was cut by --pp {resume['pp']} --schedule {resume['schedule']}, "
             f"not as --pp {args.pp} --schedule {args.schedule}: relaunch with its flags"
         )
-    return Run(env=env, device=device, model_cfg=model_cfg, cfg=cfg, pp=args.pp, dp=dp,
-               microbatches=args.microbatches, schedule=args.schedule, layout=layout,
+    return Run(env=env, device=device, model_cfg=model_cfg, cfg=cfg, layout=layout,
+               microbatches=args.microbatches, schedule=args.schedule, blocks=blocks,
                stages=mine, resume=resume)  # fmt: skip
 
 
@@ -150,14 +144,14 @@ class LocalStages(nn.ModuleList):
 
 
 def train(run: Run, batches_per_epoch: int, data: Any) -> None:
-    env, cfg, device = run.env, run.cfg, run.device
-    # rank = stage * dp + replica: a pipeline's ranks are dp apart, the copies of a stage
-    # are neighbours. torchtitan orders its mesh the same way (pp outermost): on a
-    # cluster, the heavy gradient all-reduce stays inside a node, the light activations
-    # of a stage boundary cross the network.
-    mesh = init_device_mesh(device.type, (run.pp, run.dp), mesh_dim_names=("pp", "dp"))
-    pp_group, dp_group = mesh.get_group("pp"), mesh.get_group("dp")
-    stage_rank, replica = env.rank // run.dp, env.rank % run.dp
+    env, cfg, device, layout = run.env, run.cfg, run.device, run.layout
+    # rank = stage * dp + replica (the layout's order, pp outermost): a pipeline's ranks
+    # are dp apart, the copies of a stage are neighbours. On a cluster, the heavy gradient
+    # all-reduce stays inside a node, the light activations of a stage boundary cross the
+    # network. Every group gets --timeout-s: a stopped rank fails its partners, not hangs.
+    parallel = layout.build(device_type=device.type, timeout_s=cfg.timeout_s)
+    pp_group, dp_group = parallel.group("pp"), parallel.group("dp_replicate")
+    stage_rank, replica = layout.coordinate(env.rank)["pp"], layout.data_rank(env.rank)
     log = rank_logger(env, cfg.log_dir)
     seed_everything(cfg.seed)  # every rank builds the same whole model, then keeps its stages
     model = TinyTransformer(run.model_cfg).to(device)
@@ -166,9 +160,11 @@ def train(run: Run, batches_per_epoch: int, data: Any) -> None:
                                   group=pp_group, device=device)  # fmt: skip
     local = LocalStages(mine, run.model_cfg)
     optimizer = make_optimizer(local, cfg)
-    last = last_stage_rank(run.schedule, run.pp)
-    pipelines = [[s * run.dp + d for s in range(run.pp)] for d in range(run.dp)]
-    tied = tied_embedding_group(pipelines, last)  # every rank creates every pair's group
+    last = last_stage_rank(run.schedule, layout.pp)
+    pipelines = layout.groups("pp")  # each pipeline's ranks, in stage order
+    # Each pipeline's first and last stage sum the tied embedding's gradients (a V has
+    # both on rank 0: no group). Every rank creates every pair's group, with the timeout.
+    tied = None if last == 0 else parallel.subgroup([[p[0], p[last]] for p in pipelines])
     plan = plan_steps(batches_per_epoch, cfg, samples=len(data.train))
     step = 0
     if run.resume is not None:  # this rank's own file: its stages, optimizer and RNG
@@ -178,17 +174,17 @@ def train(run: Run, batches_per_epoch: int, data: Any) -> None:
         remove_stale_temps(Path(cfg.output_dir, "checkpoints"))
     held: list[Any] = [None] * env.world_size
     dist.all_gather_object(held, run.stages)
-    ranks = ", ".join(str(last * run.dp + d) for d in range(run.dp))  # the last stage's
-    micro = cfg.global_batch_size // run.dp // run.microbatches
-    log.info(f"pp {run.pp} x dp {run.dp} | {run.schedule} | {run.microbatches} micro-batches "
-             f"of {micro} | loss on rank {ranks}")  # fmt: skip
+    ranks = ", ".join(str(p[last]) for p in pipelines)  # the last stage's
+    micro = cfg.global_batch_size // layout.dp_replicate // run.microbatches
+    log.info(f"pp {layout.pp} x dp {layout.dp_replicate} | {run.schedule} | {run.microbatches} "
+             f"micro-batches of {micro} | loss on rank {ranks}")  # fmt: skip
     for r, stages in enumerate(held):
-        log.info(f"rank {r}: " + ", ".join(f"stage {s} = blocks {run.layout[s]}" for s in stages))
+        log.info(f"rank {r}: " + ", ".join(f"stage {s} = blocks {run.blocks[s]}" for s in stages))
     # --8<-- [end:setup]
 
     # --8<-- [start:loop]
     params = held_parameters(mine)
-    per_pipeline = cfg.global_batch_size // run.dp
+    per_pipeline = cfg.global_batch_size // layout.dp_replicate
     while step < plan.stop_at:
         epoch, batch_in_epoch = plan.position(step)
         order = epoch_batches(len(data.train), cfg.global_batch_size, seed=cfg.seed, epoch=epoch)
@@ -203,10 +199,10 @@ def train(run: Run, batches_per_epoch: int, data: Any) -> None:
             inputs = (x,) if 0 in run.stages else ()  # the first stage's rank feeds the tokens
             runner.step(*inputs, target=y, losses=losses)
             sync_tied_embedding(model, tied)  # embedding + head gradients, on both ranks
-            if run.dp > 1:  # plain data parallel across the pipelines: average each stage
+            if layout.dp_replicate > 1:  # plain data parallel across the pipelines: average
                 for p in params:
                     dist.all_reduce(p.grad, group=dp_group)
-                    p.grad.div_(run.dp)
+                    p.grad.div_(layout.dp_replicate)
             clip_grad_norm(mine, cfg.grad_clip, group=pp_group,
                            tied_copy=stage_rank == last != 0)  # fmt: skip
             optimizer.step()
@@ -216,12 +212,13 @@ def train(run: Run, batches_per_epoch: int, data: Any) -> None:
                 dist.all_reduce(loss)  # only the dp last-stage ranks add: / dp is the mean
                 seconds = time.perf_counter() - t0
                 speed = cfg.global_batch_size * x.shape[1] / seconds  # all pipelines' tokens
-                log.info(f"step {step:4d}/{plan.total_steps} | loss {loss.item() / run.dp:.4f} "
+                mean = loss.item() / layout.dp_replicate
+                log.info(f"step {step:4d}/{plan.total_steps} | loss {mean:.4f} "
                          f"| {speed:,.0f} tokens/s")  # fmt: skip
             if step % cfg.checkpoint_every == 0 or step == plan.stop_at:
                 state = training_state(model=local, optimizer=optimizer, cfg=cfg, step=step,
-                                       epoch=epoch, device=device, pp=run.pp, stages=run.stages,
-                                       schedule=run.schedule, layout=run.layout)  # fmt: skip
+                                       epoch=epoch, device=device, pp=layout.pp, stages=run.stages,
+                                       schedule=run.schedule, layout=run.blocks)  # fmt: skip
                 path = save_ranked(state, Path(cfg.output_dir, "checkpoints"), step=step)
                 log.info(f"saved {path}")
             if step == plan.stop_at:

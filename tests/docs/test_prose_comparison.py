@@ -37,7 +37,7 @@ def ds_tests():
 def fsdp_all_gathers() -> tuple[int, int]:
     """Bytes rank 0's all-gathers sent in fsdp.md's recorded fp32 and bf16 2-rank runs."""
     sent = []
-    for flags in ("--world-size 2 --checkpoint-dir", "--world-size 2 --bf16"):
+    for flags in ("--world-size 2 --checkpoint-dir", "--world-size 2 --precision bf16"):
         out = recorded_output("week-2/fsdp.md", f"python -m tinyscale.data_parallel.fsdp {flags}")
         line = next(x for x in out if x.startswith("sent by rank 0"))
         sent.append(int(re.search(r"all_gather_single ([\d,]+)", line)[1].replace(",", "")))

@@ -9,8 +9,8 @@ The page's demos are CI-compared outputs (`recorded_output`); its formulas are t
   the embedding that is one rank's share on 4 ranks (the partition);
 - 2D: the Adam state per rank against the calculator's 8 bytes per parameter;
 - the ladder: its learning rate, the float32 spacing near its losses, the test's tolerance;
-- the planner: 6 and 8 FLOPs per parameter per token, the run's activations, the 7B and
-  70B shapes, the 70B model's activations against an H100, the memory margin;
+- the planner: 6 N + 12 L T d FLOPs per token (core.flops) and a third more with
+  recomputation, the run's activations, the 7B and 70B shapes (core.config presets), the 70B model's activations against an H100, the memory margin;
 - 3D: the losses within two float32 spacings, the weights, what each axis divides (the
   0.67 of the activations: not a half), the tied group's bytes;
 - Exercises 2 and 3: the t = 4 factor and the broken rung's gap.
@@ -27,10 +27,11 @@ import pytest
 from helpers import fails_when_changed, load_script, prose, recorded_output, said
 from tinyscale.comm.counter import Call
 from tinyscale.composed import ladder
-from tinyscale.composed.planner import MODELS, Cluster, Workload, evaluate
+from tinyscale.composed.planner import Cluster, Workload, evaluate
 from tinyscale.composed.two_d import tensor_step_bytes
 from tinyscale.core.config import preset
-from tinyscale.core.model import TinyTransformer, count_parameters
+from tinyscale.core.flops import flops_per_token, matmul_weights
+from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel import sharded_optimizer
 from tinyscale.data_parallel.memory_calculator import activation_bytes_estimate
 
@@ -139,23 +140,28 @@ def check_ladder(text: str) -> None:
 
 
 def check_time_model(text: str) -> None:
-    plain, recompute, forwards = said(
+    weights, attention, more, forwards = said(
         text,
-        r"compute runs at the GPU's peak \((\d) FLOPs per parameter per token; (\d) with full "
-        r"activation checkpointing, which runs every forward (twice)\)",
+        r"compute runs at the GPU's peak \((\d+) N \+ (\d+) L T d FLOPs per token, the formula "
+        r"of\s+\[Profiling and MFU\].{0,200}?; (a third) more with full activation "
+        r"checkpointing, which runs every\s+forward (twice)\)",
     )
-    cfg, cluster = preset("tiny"), Cluster(gpus=1)
+    cfg, cluster, T = preset("tiny"), Cluster(gpus=1), 16
+    L, d = cfg.num_hidden_layers, cfg.hidden_size
+    assert (
+        flops_per_token(cfg, T) == int(weights) * matmul_weights(cfg) + int(attention) * L * T * d
+    )
     per_token = {}
     for again in (False, True):
-        w = Workload(model=cfg, seq_len=16, global_batch=4, recompute=again)
+        w = Workload(model=cfg, seq_len=T, global_batch=4, recompute=again)
         step = evaluate(w, cluster, dp=1, tp=1, pp=1, zero=0).step_s  # compute alone
-        tokens = w.global_batch * w.seq_len
-        per_token[again] = step * cluster.peak_tflops * 1e12 / (count_parameters(cfg) * tokens)
-    assert round(per_token[False], 9) == int(plain) and round(per_token[True], 9) == int(recompute)
-    forward = int(plain) / 3  # 2 of the 6: the forward, then 4 for the backward
-    assert int(recompute) == int(plain) + (WORDS[forwards] - 1) * forward
-    (more,) = said(text, r"That trades (a third) more compute for room\.")
-    assert per_token[True] / per_token[False] - 1 == pytest.approx(WORDS[more])
+        per_token[again] = step * cluster.peak_tflops * 1e12 / (w.global_batch * w.seq_len)
+    assert per_token[False] == pytest.approx(flops_per_token(cfg, T), rel=1e-12)
+    forward = 1 / 3  # of each term: 2 N and 4 L T d forward, 4 N and 8 L T d backward
+    assert per_token[True] / per_token[False] - 1 == pytest.approx((WORDS[forwards] - 1) * forward)
+    assert WORDS[more] == (WORDS[forwards] - 1) * forward
+    (trades,) = said(text, r"That trades (a third) more compute for room\.")
+    assert per_token[True] / per_token[False] - 1 == pytest.approx(WORDS[trades])
 
 
 def check_this_run(text: str) -> None:
@@ -173,7 +179,7 @@ def check_seven_b(text: str) -> None:
         r"A (\d+)B model of the course's family \((\d+) blocks of width ([\d,]+)\) on 2 nodes of "
         r"8 H100s, sequences of ([\d,]+) tokens, (\d+) sequences per step \((half) a million",
     )
-    cfg = MODELS[f"{name}b"]
+    cfg = preset(f"{name}b")
     assert (cfg.num_hidden_layers, cfg.hidden_size) == (int(blocks), number(width))
     assert round(number(seq) * int(batch), -5) == WORDS[half] * 1e6
     assert f"--seq-len {number(seq):.0f} --global-batch {batch}" in text
@@ -183,7 +189,7 @@ def check_seventy_b(text: str) -> None:
     name, blocks, width = said(
         text, r"A (\d+)B model \((\d+) blocks of width ([\d,]+)\) on 8 nodes"
     )
-    cfg = MODELS[f"{name}b"]
+    cfg = preset(f"{name}b")
     assert (cfg.num_hidden_layers, cfg.hidden_size) == (int(blocks), number(width))
     found = said(
         text,
@@ -321,6 +327,7 @@ def test_the_pages_numbers_are_those_of_the_data(check) -> None:
         (check_ladder, "(learning rate 1e-2)", "(learning rate 1e-3)"),
         (check_ladder, "within 1e-5 of one process", "within 1e-6 of one process"),
         (check_time_model, "That trades a third more", "That trades half more"),
+        (check_time_model, "(6 N + 12 L T d FLOPs", "(6 N + 6 L T d FLOPs"),
         (check_seventy_b, "about 160 GiB of activations", "about 80 GiB of activations"),
         (check_seventy_b, "down to 38 GiB per GPU", "down to 20 GiB per GPU"),
         (check_margin, "(the 15 % margin)", "(the 10 % margin)"),

@@ -34,9 +34,9 @@ def held(lines: list[str]) -> tuple[int, int]:
 
 def test_every_shape_trains_like_one_process_across_two_resumes() -> None:
     one = steps(recorded_output(PAGE, "--nproc-per-node 1"))
-    first = recorded_output(PAGE, "--fsdp 2 --tp 2")
-    second = recorded_output(PAGE, "--pp 2 --dp 2")
-    third = recorded_output(PAGE, "--pp 2 --tp 2")
+    first = recorded_output(PAGE, "--fsdp 2 --tp 2 --dropout 0")
+    second = recorded_output(PAGE, "--pp 2 --dp 2 --dropout 0")
+    third = recorded_output(PAGE, "--pp 2 --tp 2 --dropout 0")
     assert sorted(one) == [1, 2, 3, 4, 5, 6] and float(one[6][0]) < float(one[1][0])
     assert steps(first) == {1: one[1], 2: one[2]}
     assert steps(second) == {3: one[3], 4: one[4]}
@@ -56,26 +56,26 @@ def test_each_rank_holds_the_parameters_the_page_counts() -> None:
     whole = h + h + 4 * h  # the row-parallel biases and the norms: whole on every TP rank
     # FSDP 2 x TP 2, one stage: the embedding and the split tensors / 4, the rest / 2
     model = v * h + T * h + L * (split + whole) + 2 * h
-    assert held(recorded_output(PAGE, "--fsdp 2 --tp 2")) == (
+    assert held(recorded_output(PAGE, "--fsdp 2 --tp 2 --dropout 0")) == (
         (v * h + L * split) // 4 + (T * h + L * whole + 2 * h) // 2,
         model,
     )
     stage0 = v * h + T * h + split + whole  # PP 2: the embedding and block 0
-    assert held(recorded_output(PAGE, "--pp 2 --dp 2")) == (stage0, stage0)
-    assert held(recorded_output(PAGE, "--pp 2 --tp 2")) == (
+    assert held(recorded_output(PAGE, "--pp 2 --dp 2 --dropout 0")) == (stage0, stage0)
+    assert held(recorded_output(PAGE, "--pp 2 --tp 2 --dropout 0")) == (
         (v * h + split) // 2 + T * h + whole,
         stage0,
     )
     assert recorded_output(PAGE, "by_four // 4") == [
-        str(held(recorded_output(PAGE, "--fsdp 2 --tp 2"))[0])
+        str(held(recorded_output(PAGE, "--fsdp 2 --tp 2 --dropout 0"))[0])
     ]
 
 
 @pytest.mark.parametrize(
     ("argv", "world", "message"),
     [
-        (["--tp", "2"], "4", "pp 1 x dp 1 x fsdp 1 x tp 2 = 2 ranks but torchrun started 4"),
-        (["--dp", "0", "--tp", "4"], "4", "every axis needs at least 1 rank"),
+        (["--tp", "2"], "4", "--tp 2 make 2 ranks but the job has 4: make the product of the"),
+        (["--dp", "0", "--tp", "4"], "4", "--dp 0 is not a number of ranks: give a whole number"),
         (["--tp", "3"], "3", "tensor-parallel size 3 does not divide the model's 4 attention"),
         (["--pp", "4"], "4", "4 pipeline stages but the model has 2 blocks"),
         (["--dp", "3"], "3", "--global-batch-size 16 does not split into dp x fsdp = 3"),

@@ -49,6 +49,7 @@ def test_recorded_resume_skips_the_uncommitted_step_and_repeats_the_losses() -> 
     [
         (["--pp", "3"], "2", "--pp 3 does not divide the world of 2 processes"),
         (["--pp", "4"], "2", "--pp 4 does not divide the world of 2 processes"),
+        (["--pp", "0"], "2", "--pp 0 is not a number of ranks: give a whole number >= 1"),
         (["--schedule", "zb1"], "2", "--schedule 'zb1' is not known"),
         (["--schedule", "interleaved"], "2", "--pp 2 with --schedule interleaved makes 4 stages"),
         (["--microbatches", "3"], "2", "--microbatches 3 does not divide the 16 samples"),

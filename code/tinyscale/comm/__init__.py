@@ -16,5 +16,6 @@ tinyscale.core.
     tree_allreduce  week-1/collectives.md
     latency         operations/nccl-network.md
     rank_grid       week-4/parallelism-2d-3d.md
+    parallel_layout week-4/train-any-shape.md
 """
 # --8<-- [end:map]

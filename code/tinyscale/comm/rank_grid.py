@@ -9,13 +9,19 @@ that axis: a tensor-parallel group shares the layers' matrices, a pipeline group
 activations, a data-parallel group averages gradients. The tensor axis is innermost, so
 that a tensor group is made of consecutive ranks: on GPUs, the GPUs of one node, joined
 by NVLink. PyTorch's DeviceMesh is this grid; here it is built first from dist.new_group.
+This from-scratch grid puts data outermost; the course's scripts use the one layout of
+every degree, tinyscale.comm.parallel_layout, which puts the pipeline outermost (torchtitan's
+order) and builds its groups the same way, with the job's timeout.
 """
 
 import dataclasses
 from collections.abc import Sequence
 
+import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 
+from tinyscale.comm.parallel_layout import job_timeout, new_subgroup
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 
 AXES = ("dp", "pp", "tp")  # outermost first: tp varies fastest along the ranks
@@ -72,28 +78,23 @@ class RankGrid:
 
 # --8<-- [start:new_groups]
 def new_groups(grid: RankGrid) -> dict[str, dist.ProcessGroup]:
-    """This rank's process group along each axis, from dist.new_group.
+    """This rank's process group along each axis, from dist.new_group (``new_subgroup``).
 
     new_group is collective over the *whole* world: every rank must create every group,
-    in the same order, even the groups it is not in. A rank that skips one waits forever
-    for the others (here: until the process group's timeout).
+    in the same order, even the groups it is not in. A rank that skips one waits for the
+    others until the timeout: each group gets the job's (the world group's), not the
+    backend's default of 30 minutes.
     """
     grid.check_world(dist.get_world_size())
-    rank, mine = dist.get_rank(), {}
-    for axis in AXES:
-        for ranks in grid.groups(axis):
-            group = dist.new_group(ranks)  # every rank, every group
-            if rank in ranks:
-                mine[axis] = group
-    return mine
+    timeout = job_timeout()
+    return {axis: new_subgroup(grid.groups(axis), timeout) for axis in AXES}
 
 
-def device_mesh(grid: RankGrid, device_type: str = "cpu"):  # -> DeviceMesh
-    """The same grid as PyTorch's DeviceMesh: mesh["tp"] is this rank's tensor group."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    grid.check_world(dist.get_world_size())
-    return init_device_mesh(device_type, (grid.dp, grid.pp, grid.tp), mesh_dim_names=AXES)
+def device_mesh(grid: RankGrid, groups: dict[str, dist.ProcessGroup], device_type: str = "cpu"):
+    """The same grid as PyTorch's DeviceMesh, over these groups: mesh["tp"] is groups["tp"]."""
+    ranks = torch.arange(grid.size).reshape(grid.dp, grid.pp, grid.tp)
+    mine = [groups[axis] for axis in AXES]
+    return DeviceMesh.from_group(mine, device_type, mesh=ranks, mesh_dim_names=AXES)
 
 
 # --8<-- [end:new_groups]
@@ -112,13 +113,14 @@ def table(grid: RankGrid) -> list[str]:
 
 
 def groups_on_ranks(dp: int, pp: int, tp: int) -> dict[str, list[int]]:
-    """On each rank: the members of its groups, from new_group and from DeviceMesh."""
+    """On each rank: the members of its groups, from new_group and from the DeviceMesh."""
     grid = RankGrid(dp=dp, pp=pp, tp=tp)
-    ours, mesh = new_groups(grid), device_mesh(grid)
+    ours = new_groups(grid)
+    mesh = device_mesh(grid, ours)
     found = {}
     for axis in AXES:
         from_new_group = dist.get_process_group_ranks(ours[axis])
-        from_mesh = dist.get_process_group_ranks(mesh[axis].get_group())
+        from_mesh = mesh[axis].mesh.tolist()  # the mesh's own rank table, cut along axis
         if from_new_group != from_mesh:
             raise AssertionError(f"{axis}: new_group {from_new_group}, DeviceMesh {from_mesh}")
         found[axis] = from_new_group

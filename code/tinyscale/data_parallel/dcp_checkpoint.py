@@ -14,8 +14,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor, init_device_mesh
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
+from tinyscale.comm.parallel_layout import ParallelLayout
 from tinyscale.core.errors import UsageError
 
 
@@ -24,7 +25,8 @@ def shard_state(
 ) -> dict[str, torch.Tensor]:
     """The tensors named in ``shard`` become DTensors split by rows over all ranks; the
     others stay plain tensors, the same on every rank (replicated)."""
-    mesh = init_device_mesh(device_type, (dist.get_world_size(),), mesh_dim_names=("dp",))
+    layout = ParallelLayout(dp_shard=dist.get_world_size())  # one axis: every rank a shard
+    mesh = layout.build(device_type=device_type).mesh["dp_shard"]
     return {
         name: distribute_tensor(t, mesh, [Shard(0)]) if name in shard else t
         for name, t in state.items()

@@ -3,7 +3,7 @@
 
     python -m tinyscale.data_parallel.fsdp --world-size 2                  # FSDP2 against our ZeRO-3
     python -m tinyscale.data_parallel.fsdp --world-size 4 --shard-size 2   # HSDP: 2 replicas of 2 shards
-    python -m tinyscale.data_parallel.fsdp --world-size 2 --bf16           # with a mixed-precision policy
+    python -m tinyscale.data_parallel.fsdp --world-size 2 --precision bf16  # with a mixed-precision policy
 
 Week 2 built ZeRO-3 by hand (tinyscale.data_parallel.zero); from here on the course may use PyTorch's.
 ``fully_shard`` does what our stage 3 does, unit by unit: it keeps each parameter as a
@@ -20,14 +20,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from tinyscale.comm.counter import CollectiveCounter
+from tinyscale.comm.parallel_layout import ParallelLayout
 from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError, run_cli
 from tinyscale.core.model import TinyTransformer
+from tinyscale.core.precision import PRECISIONS, check_precision
 from tinyscale.data_parallel.dcp_checkpoint import load_dcp, save_dcp
 from tinyscale.data_parallel.ddp import random_batch
 from tinyscale.data_parallel.memory_calculator import check_shard_size
@@ -40,30 +42,40 @@ from tinyscale.data_parallel.zero import ZeRO
 def make_mesh(
     world_size: int, shard_size: int | None = None, device_type: str = "cpu"
 ) -> DeviceMesh:
-    """A 1-D mesh (FSDP: shard over every rank) or a 2-D one (HSDP: replicate × shard)."""
+    """A 1-D mesh (FSDP: shard over every rank) or a 2-D one (HSDP: replicate × shard).
+
+    Both are cut from the course's one layout, ``ParallelLayout(dp_replicate=R, dp_shard=S)``,
+    whose groups carry the job's timeout.
+    """
     shard = check_shard_size(world_size, shard_size)
-    if shard == world_size:
-        return init_device_mesh(device_type, (world_size,), mesh_dim_names=("shard",))
-    return init_device_mesh(
-        device_type, (world_size // shard, shard), mesh_dim_names=("replicate", "shard")
+    layout = ParallelLayout(dp_replicate=world_size // shard, dp_shard=shard)
+    mesh = layout.build(device_type=device_type).mesh
+    return mesh["dp_shard"] if shard == world_size else mesh["dp_replicate", "dp_shard"]
+
+
+def mixed_precision(precision: str) -> MixedPrecisionPolicy:
+    """FSDP2's policy for one of the course's precisions. bf16: compute in bf16 (gathered
+    weights, activations), reduce gradients in fp32; the sharded master weights and the
+    optimizer stay fp32."""
+    if check_precision(precision) == "fp16":
+        raise UsageError("--precision fp16 needs a loss scaler, which this run has not: use bf16")
+    bf16 = precision == "bf16"
+    return MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16 if bf16 else None,
+        reduce_dtype=torch.float32 if bf16 else None,
     )
 
 
 def shard_model(
-    model: TinyTransformer, mesh: DeviceMesh, *, bf16: bool = False,
+    model: TinyTransformer, mesh: DeviceMesh, *, precision: str = "fp32",
     reshard_after_forward: bool = True,
 ) -> TinyTransformer:  # fmt: skip
     """fully_shard each block, then the root: the same units as tinyscale.data_parallel.zero's stage 3.
 
     Every rank must build the same model first (same seed): unlike our ZeRO, fully_shard
     does not broadcast rank 0's weights, it keeps the slice of the local copy.
-    ``bf16``: compute in bf16 (gathered weights, activations), reduce gradients in fp32;
-    the sharded master weights and the optimizer stay fp32.
     """
-    policy = MixedPrecisionPolicy(
-        param_dtype=torch.bfloat16 if bf16 else None,
-        reduce_dtype=torch.float32 if bf16 else None,
-    )
+    policy = mixed_precision(precision)
     for block in model.blocks:  # inner units first: the root takes what is left
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
@@ -121,7 +133,7 @@ def train(
 
 
 def compare_with_zero3(
-    shard_size: int | None = None, bf16: bool = False, checkpoint_dir: str | None = None,
+    shard_size: int | None = None, precision: str = "fp32", checkpoint_dir: str | None = None,
     *, steps: int = 3, lr: float = 1e-3, seed: int = 0,
 ) -> dict[str, Any]:  # fmt: skip
     """On every rank: our ZeRO-3 over all ranks, then FSDP2 (or HSDP) from the same init.
@@ -151,7 +163,7 @@ def compare_with_zero3(
     reference = zero.full_parameters()
 
     mesh = make_mesh(world, shard_size)
-    model = shard_model(copy.deepcopy(base), mesh, bf16=bf16)
+    model = shard_model(copy.deepcopy(base), mesh, precision=precision)
     counter = CollectiveCounter()
     losses, optimizer = train(model, batches, lr=lr, counter=counter)
     held = held_bytes(model, optimizer)
@@ -166,7 +178,7 @@ def compare_with_zero3(
     }  # fmt: skip
     if checkpoint_dir:
         report["resumed"] = dcp_roundtrip(
-            model, optimizer, base, mesh, checkpoint_dir, extra, bf16=bf16, lr=lr
+            model, optimizer, base, mesh, checkpoint_dir, extra, precision=precision, lr=lr
         )
     return report
 
@@ -177,14 +189,14 @@ def compare_with_zero3(
 # --8<-- [start:checkpoint]
 def dcp_roundtrip(
     model: nn.Module, optimizer: torch.optim.Optimizer, base: nn.Module, mesh: DeviceMesh,
-    path: str, batch: tuple, *, bf16: bool, lr: float,
+    path: str, batch: tuple, *, precision: str, lr: float,
 ) -> dict[str, float]:  # fmt: skip
     """Save the sharded model and optimizer with DCP, reload both into a fresh sharded
     model, and compute the next batch's loss with each: the losses must be equal."""
     model_state, optim_state = get_state_dict(model, optimizer)
     save_dcp({"model": model_state, "optim": optim_state}, path)  # a file per rank + .metadata
 
-    fresh = shard_model(copy.deepcopy(base), mesh, bf16=bf16)  # the wrong weights...
+    fresh = shard_model(copy.deepcopy(base), mesh, precision=precision)  # the wrong weights...
     fresh_opt = adamw(fresh, lr=lr)
     template_model, template_optim = get_state_dict(fresh, fresh_opt)
     state = load_dcp({"model": template_model, "optim": template_optim}, path)  # ...until now
@@ -207,18 +219,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = ArgumentParser(description="FSDP2 / HSDP on gloo against our ZeRO-3.")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--shard-size", type=int, default=None, help="HSDP: ranks per shard group")
-    parser.add_argument("--bf16", action="store_true", help="MixedPrecisionPolicy: bf16 compute")
+    parser.add_argument("--precision", default="fp32",
+                        help=f"one of {', '.join(PRECISIONS)}; bf16: bf16 compute")  # fmt: skip
     parser.add_argument("--checkpoint-dir", default=None, help="save and reload a DCP checkpoint")
     args = parser.parse_args(argv)
     if args.world_size < 1:
         raise UsageError(f"--world-size must be at least 1, got {args.world_size}")
     check_shard_size(args.world_size, args.shard_size)  # before any process starts
-    r = run_on_ranks(compare_with_zero3, args.world_size, args.shard_size, args.bf16,
+    mixed_precision(args.precision)  # the same
+    r = run_on_ranks(compare_with_zero3, args.world_size, args.shard_size, args.precision,
                      args.checkpoint_dir, deadline_s=240)[0]  # fmt: skip
     kind = (
         "FSDP2" if r["shard"] == r["world"] else f"HSDP ({r['world'] // r['shard']} x {r['shard']})"
     )
-    print(f"{kind}, {r['world']} ranks, {'bf16 compute' if args.bf16 else 'fp32'}, "
+    compute = "bf16 compute" if args.precision == "bf16" else "fp32"
+    print(f"{kind}, {r['world']} ranks, {compute}, "
           f"Ψ = {r['numel']:,}; placements {r['placements']}")  # fmt: skip
     print(f"losses  ours {' '.join(f'{v:.4f}' for v in r['zero3_losses'])}")
     print(f"        fsdp {' '.join(f'{v:.4f}' for v in r['losses'])}")

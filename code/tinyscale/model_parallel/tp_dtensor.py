@@ -15,7 +15,7 @@ import copy
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.tensor.parallel import (
@@ -27,6 +27,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from tinyscale.comm.parallel_layout import ParallelLayout
 from tinyscale.core.config import ModelConfig, preset
 from tinyscale.core.model import TinyTransformer, qkv_rows
 from tinyscale.model_parallel.tensor_parallel import check_tensor_parallel_size
@@ -115,7 +116,7 @@ def count_block_collectives(model: TinyTransformer, sequence_parallel: bool) -> 
 def against_one_process(sequence_parallel: bool, steps: int = 3) -> dict:
     """The DTensor model and one process, trained side by side: losses and final weights."""
     cfg, t = preset("tiny"), dist.get_world_size()
-    mesh = init_device_mesh("cpu", (t,), mesh_dim_names=("tp",))
+    mesh = ParallelLayout(tp=t).build(device_type="cpu").mesh["tp"]  # one axis: every rank
     torch.manual_seed(0)
     model = TinyTransformer(cfg)
     split = copy.deepcopy(model)

@@ -41,6 +41,7 @@ PROSE_RULES: dict[str, list[tuple[str, str]]] = {
         ("each stage is now split by TP and sends half of the positions to the next", "definition"),
         ("Why can `--pp 2 --tp 2` send only half of the activation between stages?", "definition"),
         ("the next stage needs the same half", "not a number"),
+        ("every group with a 2 s timeout", "definition"),  # the demo's --timeout-s default
     ],
     "week-4/zero3-any-optimizer.md": [
         ("Clipping each shard by its own norm would be wrong twice", "not a number"),

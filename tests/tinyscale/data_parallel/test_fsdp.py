@@ -51,7 +51,7 @@ def facts(command: str) -> dict:
 
 
 FP32 = "python -m tinyscale.data_parallel.fsdp --world-size 2 --checkpoint-dir"
-BF16 = "python -m tinyscale.data_parallel.fsdp --world-size 2 --bf16"
+BF16 = "python -m tinyscale.data_parallel.fsdp --world-size 2 --precision bf16"
 HSDP = "python -m tinyscale.data_parallel.fsdp --world-size 4 --shard-size 2"
 
 
@@ -118,7 +118,9 @@ def test_shard_group_sizes(world, shard, expected) -> None:
     ("argv", "message"),
     [(["--world-size", "4", "--shard-size", "3"], "--shard-size 3 does not divide --world-size 4"),
      (["--world-size", "0"], "--world-size must be at least 1"),
-     (["--world-size", "2", "--shard-size", "0"], "--shard-size 0 does not divide")],
+     (["--world-size", "2", "--shard-size", "0"], "--shard-size 0 does not divide"),
+     (["--precision", "fp16"], "--precision fp16 needs a loss scaler, which this run has not"),
+     (["--precision", "fp8"], "unknown precision 'fp8': use one of fp32, bf16, fp16")],
 )  # fmt: skip
 def test_bad_input_is_one_line_before_any_process_starts(argv, message, capsys) -> None:
     assert run_cli(main, argv) == 2
