@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tinyscale.comm.counter import CollectiveCounter
+from tinyscale.comm.parallel_layout import job_timeout
 from tinyscale.comm.rank_grid import RankGrid
 from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError
@@ -154,7 +155,7 @@ class Pipeline:
         self.tied = None
         if model.cfg.tie_word_embeddings and self.p > 1:
             for line in grid.groups("pp"):  # every rank takes part in creating each group
-                group = dist.new_group([line[0], line[-1]])
+                group = dist.new_group([line[0], line[-1]], timeout=job_timeout())
                 if line == self.ranks and self.rank == 0:  # the first stage's embedding
                     self.tied, self.tied_group = self.stages[0].tok_emb.weight, group
                 elif line == self.ranks and self.rank == self.p - 1:  # the last stage's head

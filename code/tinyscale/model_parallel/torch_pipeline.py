@@ -27,6 +27,7 @@ from torch.distributed.pipelining import (
     ScheduleZBVZeroBubble,
 )
 
+from tinyscale.comm.parallel_layout import job_timeout, new_subgroup
 from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError, run_cli
 from tinyscale.core.model import ModelStage, TinyTransformer, cut_into_stages
@@ -127,8 +128,7 @@ def tied_embedding_group(pipelines: Sequence[Sequence[int]], last: int) -> Any:
     if last == 0:
         return None
     pairs = [[ranks[0], ranks[last]] for ranks in pipelines]
-    mine, _ = dist.new_subgroups_by_enumeration(pairs)
-    return mine
+    return new_subgroup(pairs, job_timeout())  # with the job's timeout, as every group
 
 
 def sync_tied_embedding(model: TinyTransformer, group: Any) -> None:
