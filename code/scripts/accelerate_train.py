@@ -12,6 +12,7 @@ the script refuses that launch with a one-line error that names the command abov
 
 import argparse
 import hashlib
+import itertools
 import logging
 import os
 import sys
@@ -27,7 +28,12 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from tinyscale.comm.dist import fresh_logger
-from tinyscale.core.checkpoint import remove_stale_temps, save_checkpoint, training_state
+from tinyscale.core.checkpoint import (
+    checkpoint_name,
+    remove_stale_temps,
+    save_checkpoint,
+    training_state,
+)
 from tinyscale.core.cli import add_flags, from_args
 from tinyscale.core.config import load_model_config
 from tinyscale.core.data import build_datasets
@@ -35,6 +41,7 @@ from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.metrics import MetricsLogger
 from tinyscale.core.model import TinyTransformer
 from tinyscale.core.precision import ACCELERATE_NAMES
+from tinyscale.core.step import train_step
 from tinyscale.core.training import TrainConfig, log_heldout, lr_at, make_optimizer, plan_steps
 
 LAUNCH = "accelerate launch --multi_gpu --num_processes 2 code/scripts/accelerate_train.py --cpu"
@@ -217,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
 
     def checkpoint() -> Path:
-        path = out / "checkpoints" / f"step_{step:06d}.pt"
+        path = out / "checkpoints" / f"{checkpoint_name(step)}.pt"
         if accelerator.is_main_process:  # one writer: every process holds the same weights
             metrics.flush()
             state = training_state(
@@ -239,6 +246,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         )  # fmt: skip
         log.info(line)
 
+    seen: list[torch.Tensor] = []  # this process's micro-batches of the current step
+
+    def loss_of(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        seen.append(x)  # x, y: (micro, T), already on accelerator.device
+        _, loss = model(x, y)  # under autocast when mixed precision is on
+        return loss
+
     # --8<-- [end:helpers]
 
     # --8<-- [start:loop]
@@ -252,32 +266,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     while step < plan.stop_at:
         epoch = step // plan.steps_per_epoch
         loader.set_epoch(epoch)  # a fresh shuffle per epoch, as DistributedSampler.set_epoch
-        seen: list[torch.Tensor] = []  # this process's micro-batches of the current step
-        step_loss = torch.zeros((), device=accelerator.device)
-        t0 = time.perf_counter()
-        for x, y in loader:  # x, y: (micro, T), already on accelerator.device
+        micro_batches = iter(loader)  # this process's shard, one micro-batch at a time
+        # the last partial global batch of the epoch is dropped, as in Lab 1
+        for _ in range(min(plan.steps_per_epoch, plan.stop_at - step)):
+            t0 = time.perf_counter()
             lr = lr_at(step, cfg, plan.total_steps)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            with accelerator.accumulate(model):  # no_sync() except on the last micro-batch
-                _, loss = model(x, y)  # under autocast when mixed precision is on
-                accelerator.backward(loss)  # loss / grad_accum_steps, then backward
-                if accelerator.sync_gradients:  # gradients are all-reduced: clip the sum
-                    grad_norm = accelerator.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                optimizer.step()  # a no-op until the last micro-batch of the step
-                optimizer.zero_grad(set_to_none=True)
-            seen.append(x)
-            step_loss += loss.detach() / cfg.grad_accum_steps
-            if not accelerator.sync_gradients:
-                continue
+            seen.clear()
+            result = train_step(
+                loss_fn=loss_of,
+                micro_batches=itertools.islice(micro_batches, cfg.grad_accum_steps),
+                accumulation_steps=cfg.grad_accum_steps,
+                optimizer=optimizer,  # prepared: with fp16, its scaler steps it
+                lr=lr,
+                sync=lambda last: accelerator.accumulate(model),  # no_sync() but on the last
+                backward=accelerator.backward,  # loss / grad_accum_steps, then backward
+                max_norm=cfg.grad_clip,
+                clip_params=model.parameters(),
+                clip_fn=accelerator.clip_grad_norm_,  # unscales fp16 gradients first
+            )
             step += 1
             trained_seconds += time.perf_counter() - t0
             digest = blocks_digest(seen)
             log.debug(
-                f"step {step} | blocks {digest} | loss {step_loss.item():.4f}",
+                f"step {step} | blocks {digest} | loss {result.loss:.4f}",
                 main_process_only=False,  # every process logs its own shard to its file
             )
-            global_loss = accelerator.reduce(step_loss, reduction="mean").item()
+            mine = torch.tensor(result.loss, device=accelerator.device)
+            global_loss = accelerator.reduce(mine, reduction="mean").item()
             if step == 1:  # a collective: every process sends its digest to every other
                 shards = ", ".join(f"rank {r} {d}" for r, d in enumerate(gather_object([digest])))
                 log.info(f"step 1 trained on different blocks per process: {shards}")
@@ -287,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "train",
                     loss=global_loss,
                     lr=lr,
-                    grad_norm=grad_norm.item(),
+                    grad_norm=result.grad_norm,
                     epoch=epoch + 1,
                 )
             bar.update()
@@ -296,9 +311,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 show_heldout(step * tokens_per_step / trained_seconds)
             if step % cfg.checkpoint_every == 0 or step == plan.stop_at:
                 final = checkpoint()
-            seen, step_loss, t0 = [], torch.zeros_like(step_loss), time.perf_counter()  # next step
-            if step == plan.stop_at or step % plan.steps_per_epoch == 0:
-                break  # the last partial global batch of the epoch is dropped, as in Lab 1
     bar.close()
     # --8<-- [end:loop]
 

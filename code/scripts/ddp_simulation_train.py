@@ -13,6 +13,7 @@ batch and writes its own log, logs/rank_<N>/train.log.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -35,8 +36,8 @@ from tinyscale.comm.dist import (
     rank_logger,
     rank_spread,
 )
-from tinyscale.core.accumulation import accumulate_gradients
 from tinyscale.core.checkpoint import (
+    checkpoint_name,
     latest_checkpoint,
     load_checkpoint,
     remove_stale_temps,
@@ -50,12 +51,8 @@ from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.metrics import Mirror
 from tinyscale.core.model import TinyTransformer
 from tinyscale.core.precision import autocast_context, make_scaler
-from tinyscale.core.training import (
-    TrainConfig,
-    lr_at,
-    make_optimizer,
-    seed_everything,
-)
+from tinyscale.core.step import train_step
+from tinyscale.core.training import TrainConfig, lr_at, make_optimizer, seed_everything
 from tinyscale.data_parallel.ddp_training import (
     BatchSplit,
     evaluate_sharded,
@@ -185,6 +182,9 @@ def log_line(stats: StepStats, total: int, global_loss: float, sync: float) -> s
 def train(run: Run, data: LMData, tracker: Mirror | None = None) -> dict[str, Any]:
     """The Lab 1 loop, distributed: the same steps, each on a shard of the global batch.
 
+    Every step is Lab 1's (``tinyscale.core.step.train_step``), given what DDP changes: its
+    forward, this rank's micro-batches, and ``no_sync()`` on all but the last.
+
     ``tracker``, a W&B run (--wandb), gets each step's numbers as this rank sees them.
     """
     env, device, cfg, split, args = run.env, run.device, run.cfg, run.split, run.args
@@ -226,24 +226,24 @@ def train(run: Run, data: LMData, tracker: Mirror | None = None) -> dict[str, An
             t0 = time.perf_counter()
             x, y = get_batch(data.train, indices, device)  # (micro x accum, T) each
             lr = lr_at(step, cfg, plan.total_steps)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            optimizer.zero_grad(set_to_none=True)
-            micro = list(
-                zip(x.split(split.micro_batch_size), y.split(split.micro_batch_size), strict=False)
-            )
-            loss = accumulate_gradients(
-                ddp,
-                micro,
+            micro = split.micro_batch_size
+            result = train_step(
+                loss_fn=lambda inputs, targets: ddp(inputs, targets)[1],  # DDP's forward
+                micro_batches=zip(x.split(micro), y.split(micro), strict=True),
+                accumulation_steps=split.grad_accum_steps,
+                # DDP all-reduces in every backward; no_sync() skips that but on the last
+                # micro-batch, whose backward all-reduces the sum: once per step
+                sync=lambda last: contextlib.nullcontext() if last else ddp.no_sync(),
+                optimizer=optimizer,
+                lr=lr,
+                # mixed precision: autocast around every forward; with fp16, the scaler
+                # scales each loss and unscales the gradients before they are clipped
                 autocast=lambda: autocast_context(device, cfg.precision),
-                scale=scaler.scale if scaler else lambda loss: loss,
-            )  # after this, p.grad is the same on every rank: the average over all of them
-            if scaler is not None:
-                scaler.unscale_(optimizer)
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            scaler.step(optimizer) if scaler is not None else optimizer.step()
-            if scaler is not None:
-                scaler.update()
+                scaler=scaler,
+                max_norm=cfg.grad_clip,
+                clip_params=model.parameters(),
+            )  # after the backward passes, p.grad is the same on every rank: their average
+            loss = result.loss  # this rank's: the mean over its micro-batches
             step += 1
             stats = StepStats(
                 step=step,
@@ -265,14 +265,14 @@ def train(run: Run, data: LMData, tracker: Mirror | None = None) -> dict[str, An
             if step % cfg.log_every == 0 or step == plan.stop_at:
                 log.info(log_line(stats, plan.total_steps, last_global, sync))
             if tracker is not None:  # every step: this rank's loss and speed, the job's loss
-                values = dict(loss=loss, global_loss=last_global, lr=lr, grad_norm=grad_norm.item())
+                values = dict(loss=loss, global_loss=last_global, lr=lr, grad_norm=result.grad_norm)
                 values |= {name: fn(stats) for name, fn in RANK_METRICS.items()}
                 tracker.log({f"train/{k}": v for k, v in values.items()}, step=step)
             if step % cfg.checkpoint_every == 0 or step == plan.stop_at:
                 state = training_state(model=model, optimizer=optimizer, cfg=cfg, step=step,
                                        epoch=step // plan.steps_per_epoch, device=device,
                                        scaler=scaler)  # fmt: skip
-                path = Path(cfg.output_dir) / "checkpoints" / f"step_{step:06d}.pt"
+                path = Path(cfg.output_dir) / "checkpoints" / f"{checkpoint_name(step)}.pt"
                 save_replicated(state, path, env, device)  # with every rank's RNG state
             if step == plan.stop_at:
                 break

@@ -40,7 +40,7 @@ from tinyscale.compat.deepspeed_config import (
     zero_stage,
 )
 from tinyscale.compat.deepspeed_costs import engine_state_bytes
-from tinyscale.core.checkpoint import restore_rng
+from tinyscale.core.checkpoint import checkpoint_name, restore_rng
 from tinyscale.core.cli import add_flags, from_args
 from tinyscale.core.config import ModelConfig, load_model_config
 from tinyscale.core.data import LMData, build_datasets, get_batch
@@ -212,7 +212,7 @@ def build_engine(run: Run, *, total_steps: int) -> "deepspeed.DeepSpeedEngine": 
 def save(engine: Any, run: Run, step: int) -> Path:
     """Every rank writes its own ZeRO shard; rank 0 also writes the weights and 'latest'."""
     root = Path(run.cfg.output_dir) / "checkpoints"
-    tag = f"step_{step:06d}"
+    tag = checkpoint_name(step)
     client_state = {"step": step, **gather_rng_states(run.device)}  # a collective
     if run.env.is_main:  # before DeepSpeed's files: 'latest' never names a folder without it
         (root / tag).mkdir(parents=True, exist_ok=True)

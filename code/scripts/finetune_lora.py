@@ -31,6 +31,7 @@ from tinyscale.core.data import (
 from tinyscale.core.device import select_device
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.model import TinyTransformer
+from tinyscale.core.step import train_step
 from tinyscale.core.training import TrainConfig, evaluate, lr_at, plan_steps, seed_everything
 from tinyscale.workflows.lora import (
     TARGETS,
@@ -114,17 +115,15 @@ def finetune(model: TinyTransformer, data: LMData, cfg: TrainConfig, device: tor
             epoch, _ = plan.position(step)
             for indices in epoch_batches(len(data.train), cfg.global_batch_size,
                                          seed=cfg.seed, epoch=epoch)[: plan.stop_at - step]:  # fmt: skip
-                x, y = get_batch(data.train, indices, device)
-                for group in optimizer.param_groups:
-                    group["lr"] = lr_at(step, cfg, plan.total_steps)
-                _, loss = model(x, y)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()  # gradients reach A and B; W needs none
-                torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-                optimizer.step()
+                result = train_step(  # gradients reach A and B; W needs none
+                    loss_fn=lambda inputs, targets: model(inputs, targets)[1],
+                    micro_batches=[get_batch(data.train, indices, device)],
+                    optimizer=optimizer, lr=lr_at(step, cfg, plan.total_steps),
+                    max_norm=cfg.grad_clip, clip_params=params,
+                )  # fmt: skip
                 step += 1
                 bar.update()
-                bar.set_postfix(loss=f"{loss.item():.3f}")
+                bar.set_postfix(loss=f"{result.loss:.3f}")
     return optimizer_state_bytes(optimizer)
 
 

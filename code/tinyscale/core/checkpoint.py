@@ -6,6 +6,7 @@ Try it:  python -c "from tinyscale.core.checkpoint import *; print(describe_chec
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -151,14 +152,27 @@ def restore_rng(state: dict[str, Any], *, device: torch.device, rank: int | None
         torch.cuda.set_rng_state(rng_device, device)
 
 
+def checkpoint_name(step: int) -> str:
+    """The name of the checkpoint saved after ``step`` steps: step_000100, a directory
+    (several files) or, with ".pt", one file. Every saving loop of the course uses it."""
+    return f"step_{step:06d}"
+
+
+def checkpoint_step(path: str | Path) -> int | None:
+    """The step a checkpoint's name says (step_000100.pt: 100); None for any other name."""
+    found = re.fullmatch(r"step_(\d+)(\.pt)?", Path(path).name)
+    return int(found[1]) if found else None
+
+
 def latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
     """The newest complete checkpoint in ``ckpt_dir``, or None (what --resume auto picks).
 
     A ``step_*.pt`` file is complete once it has its name (save_checkpoint renames it into
     place). A ``step_*`` directory, written by several ranks, is complete once the file
-    written last is there: our manifest, or DCP's .metadata. Sorted by name = by step.
+    written last is there: our manifest, or DCP's .metadata. Newest: the highest step.
     """
-    for path in sorted(Path(ckpt_dir).glob("step_*"), reverse=True):
+    named = [p for p in Path(ckpt_dir).glob("step_*") if checkpoint_step(p) is not None]
+    for path in sorted(named, key=checkpoint_step, reverse=True):
         if path.is_file() or any((path / name).is_file() for name in (MANIFEST, ".metadata")):
             return path
     return None

@@ -15,6 +15,7 @@ import torch
 from tqdm import tqdm
 
 from tinyscale.core.checkpoint import (
+    checkpoint_name,
     remove_stale_temps,
     restore_training_state,
     save_checkpoint,
@@ -28,6 +29,7 @@ from tinyscale.core.errors import UsageError
 from tinyscale.core.metrics import WANDB_MODES, MetricsLogger, Mirror, plot_loss_curves
 from tinyscale.core.model import TinyTransformer
 from tinyscale.core.precision import PRECISIONS
+from tinyscale.core.step import train_step
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -157,21 +159,6 @@ def plan_steps(steps_per_epoch: int, cfg: TrainConfig, *, samples: int) -> StepP
 # --8<-- [end:plan]
 
 
-# --8<-- [start:one_epoch]
-def check_steps(steps: int, data: LMData) -> int:
-    """``steps`` if one epoch of 16-block batches holds them, for the Week 3 comparisons that
-    train every variant on the same fresh batches (each batch seen once)."""
-    per_epoch = len(data.train) // TrainConfig().global_batch_size
-    if not 1 <= steps <= per_epoch:
-        raise UsageError(
-            f"--steps {steps}: one epoch holds {per_epoch} steps; use 1 to {per_epoch}"
-        )
-    return steps
-
-
-# --8<-- [end:one_epoch]
-
-
 # --8<-- [start:evaluate]
 @torch.no_grad()  # no graph, no gradients: evaluation costs a forward pass only
 def evaluate(
@@ -268,7 +255,7 @@ def train(
         epoch = step // plan.steps_per_epoch
         state = training_state(model=model, optimizer=optimizer, cfg=cfg, step=step,
                                epoch=epoch, device=device, history=logger.records)  # fmt: skip
-        return save_checkpoint(state, out / "checkpoints" / f"step_{step:06d}.pt")
+        return save_checkpoint(state, out / "checkpoints" / f"{checkpoint_name(step)}.pt")
 
     def show_heldout(tokens_per_second: float | None = None) -> None:
         tqdm.write(log_heldout(model, data, logger, step=step, plan=plan, cfg=cfg,
@@ -294,22 +281,20 @@ def train(
             t0 = time.perf_counter()
             x, y = get_batch(data.train, indices, device)
             lr = lr_at(step, cfg, plan.total_steps)
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            _, loss = model(x, y)  # forward: builds the autograd graph
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # backward: fills p.grad for every parameter
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            optimizer.step()  # update: p -= lr * adam_direction(p.grad)
+            result = train_step(
+                loss_fn=lambda inputs, targets: model(inputs, targets)[1],  # (logits, loss)
+                micro_batches=[(x, y)], optimizer=optimizer, lr=lr,
+                max_norm=cfg.grad_clip, clip_params=model.parameters(),
+            )  # fmt: skip
             step += 1
             seconds = time.perf_counter() - t0
             trained_seconds += seconds
             logger.log(
-                step, "train", loss=loss.item(), lr=lr, grad_norm=grad_norm.item(), epoch=epoch + 1,
+                step, "train", loss=result.loss, lr=lr, grad_norm=result.grad_norm, epoch=epoch + 1,
                 measured={"tokens_per_second": tokens_per_step / seconds},
             )  # fmt: skip
             bar.update()
-            bar.set_postfix(loss=f"{loss.item():.3f}")
+            bar.set_postfix(loss=f"{result.loss:.3f}")
             if step % cfg.eval_every == 0 or step == plan.total_steps:  # not at an early stop:
                 show_heldout(
                     (step - first_step) * tokens_per_step / trained_seconds

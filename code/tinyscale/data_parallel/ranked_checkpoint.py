@@ -21,6 +21,7 @@ from torch import nn
 
 from tinyscale.core.checkpoint import (
     MANIFEST,
+    checkpoint_name,
     load_checkpoint,
     restore_training_state,
     save_checkpoint,
@@ -35,7 +36,7 @@ MANIFEST_FORMAT = "tinyscale.ranked_checkpoint.v1"
 # --8<-- [start:layout]
 def step_dir(ckpt_dir: str | Path, step: int) -> Path:
     """ckpt_dir/step_000010: one directory per checkpoint, sorted by name = sorted by step."""
-    return Path(ckpt_dir) / f"step_{step:06d}"
+    return Path(ckpt_dir) / checkpoint_name(step)
 
 
 def rank_file(directory: str | Path, rank: int) -> Path:

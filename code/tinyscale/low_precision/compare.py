@@ -9,42 +9,25 @@ forward pass under autocast; fp8 swaps every linear layer but the output one for
 Float8Linear. The table gives each variant's held-out loss at the end.
 """
 
-import dataclasses
-import time
 from collections.abc import Sequence
 
 import torch
 
+from tinyscale.core.comparison import ScoredRun, check_steps, train_and_score
 from tinyscale.core.config import ModelConfig
-from tinyscale.core.data import LMData, build_datasets, epoch_batches, get_batch
+from tinyscale.core.data import LMData, build_datasets
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.model import TinyTransformer
-from tinyscale.core.precision import autocast_context
-from tinyscale.core.training import (
-    TrainConfig,
-    check_steps,
-    evaluate,
-    lr_at,
-    make_optimizer,
-    seed_everything,
-)
+from tinyscale.core.training import seed_everything
 from tinyscale.low_precision.float8_linear import RECIPES, convert_to_float8
 
 # fp32 and bf16 in the course's words; fp8-<recipe> for each Float8Linear recipe
 VARIANTS = ("fp32", "bf16", *(f"fp8-{recipe}" for recipe in RECIPES))
-CPU = torch.device("cpu")
 
 # --8<-- [end:header]
 
 
 # --8<-- [start:train]
-@dataclasses.dataclass(frozen=True)
-class Result:
-    variant: str
-    curve: list[tuple[int, float]]  # (step, held-out loss)
-    seconds_per_step: float  # CPU time, its share of the held-out evaluations included
-
-
 def check_variant(variant: str) -> str:
     if variant not in VARIANTS:
         raise UsageError(f"unknown variant {variant!r}: use one of {', '.join(VARIANTS)}")
@@ -64,34 +47,12 @@ def build(variant: str, data: LMData, seed: int) -> TinyTransformer:
 def train_variant(
     variant: str, data: LMData, *, steps: int, eval_every: int, seed: int = 0,
     max_steps: int | None = None,
-) -> Result:  # fmt: skip
-    """Lab 1's loop (AdamW, warmup and cosine, clipping): a schedule of ``steps`` steps of
-    16 blocks, stopped after ``max_steps`` if given (as if interrupted)."""
-    model = build(variant, data, seed)
-    cfg = TrainConfig(lr=3e-3, warmup_steps=max(1, steps // 10), seed=seed)
-    optimizer = make_optimizer(model, cfg)
-    schedule = epoch_batches(len(data.train), cfg.global_batch_size, seed=seed, epoch=0)
-    batches = schedule[: check_steps(steps, data)][:max_steps]
+) -> ScoredRun:  # fmt: skip
+    """The comparisons' loop (tinyscale.core.comparison); bf16 runs under autocast."""
     precision = "bf16" if variant == "bf16" else "fp32"  # fp8 lives inside the layers
-    curve = [(0, evaluate(model, data.heldout, batch_size=64, device=CPU)["loss"])]
-    start = time.process_time()
-    for step, indices in enumerate(batches, start=1):
-        model.train()
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step - 1, cfg, steps)
-        with autocast_context(CPU, precision):
-            _, loss = model(*get_batch(data.train, indices, CPU))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        if step % eval_every == 0 or step == len(batches):
-            with autocast_context(CPU, precision):
-                curve.append(
-                    (step, evaluate(model, data.heldout, batch_size=64, device=CPU)["loss"])
-                )
-    seconds = (time.process_time() - start) / len(batches)
-    return Result(variant=variant, curve=curve, seconds_per_step=seconds)
+    return train_and_score(lambda: build(variant, data, seed), data, steps=steps,
+                           eval_every=eval_every, seed=seed, max_steps=max_steps,
+                           precision=precision)  # fmt: skip
 
 
 # --8<-- [end:train]

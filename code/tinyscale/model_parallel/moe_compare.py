@@ -12,24 +12,17 @@ held-out loss at the end and how uneven the experts' load was (max / mean).
 """
 
 import dataclasses
-import time
 from collections.abc import Sequence
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from tinyscale.core.comparison import check_steps, train_and_score
 from tinyscale.core.config import ModelConfig
-from tinyscale.core.data import LMData, build_datasets, epoch_batches, get_batch
+from tinyscale.core.data import LMData, build_datasets, get_batch
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.model import TinyTransformer
-from tinyscale.core.training import (
-    TrainConfig,
-    check_steps,
-    evaluate,
-    lr_at,
-    make_optimizer,
-    seed_everything,
-)
+from tinyscale.core.training import seed_everything
 from tinyscale.model_parallel.moe import convert_to_moe, moe_layers, moe_loss, parameter_counts
 from tinyscale.model_parallel.moe_routing import MoEConfig
 
@@ -96,36 +89,26 @@ def train_variant(
     variant: str, data: LMData, moe: MoEConfig, *, steps: int, eval_every: int,
     seed: int = 0, max_steps: int | None = None,
 ) -> Result:  # fmt: skip
-    """Lab 1's loop, plus the MoE's two extras: its losses join the task loss, and with
-    balance="bias" each router's bias moves after every step."""
-    model = build(variant, data, moe, seed)
-    cfg = TrainConfig(lr=3e-3, warmup_steps=max(1, steps // 10), seed=seed)
-    optimizer = make_optimizer(model, cfg)
-    schedule = epoch_batches(len(data.train), cfg.global_batch_size, seed=seed, epoch=0)
-    batches = schedule[: check_steps(steps, data)][:max_steps]
-    curve = [(0, evaluate(model, data.heldout, batch_size=64, device=CPU)["loss"])]
-    uneven: list[tuple[int, float]] = []
-    seen: list[float] = []
-    start = time.process_time()
-    for step, indices in enumerate(batches, start=1):
-        model.train()
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step - 1, cfg, steps)
-        _, loss = model(*get_batch(data.train, indices, CPU))
-        optimizer.zero_grad(set_to_none=True)
-        (loss + moe_loss(model)).backward()  # the task loss plus the routers' losses
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
+    """The comparisons' loop (tinyscale.core.comparison), plus the MoE's two extras: its
+    losses join the task loss, and with balance="bias" each router's bias moves after
+    every step. The load's max/mean is averaged over the steps between evaluations."""
+    per_step: list[float] = []
+
+    def after_step(model: TinyTransformer) -> None:
         for layer in moe_layers(model):
             if layer.cfg.balance == "bias":
                 layer.router.update_bias(layer.load)  # outside autograd: no gradient
-        seen.append(imbalance(model))
-        if step % eval_every == 0 or step == len(batches):
-            curve.append((step, evaluate(model, data.heldout, batch_size=64, device=CPU)["loss"]))
-            uneven.append((step, sum(seen) / len(seen)))
-            seen.clear()
-    seconds = (time.process_time() - start) / len(batches)
-    return Result(variant, curve, uneven, seconds, model)
+        per_step.append(imbalance(model))  # the load of this step's forward
+
+    run = train_and_score(lambda: build(variant, data, moe, seed), data, steps=steps,
+                          eval_every=eval_every, seed=seed, max_steps=max_steps,
+                          extra_loss=moe_loss, after_step=after_step)  # fmt: skip
+    uneven, since = [], 0
+    for step, _ in run.curve[1:]:  # at each evaluation: the mean over the steps since the last
+        window = per_step[since:step]
+        uneven.append((step, sum(window) / len(window)))
+        since = step
+    return Result(variant, run.curve, uneven, run.seconds_per_step, run.model)
 
 
 # --8<-- [end:train]

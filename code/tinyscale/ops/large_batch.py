@@ -27,6 +27,7 @@ from tinyscale.core.config import ModelConfig
 from tinyscale.core.data import LMData, build_datasets, epoch_batches, get_batch
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.model import TinyTransformer
+from tinyscale.core.step import train_step
 from tinyscale.core.training import TrainConfig, evaluate, lr_at, make_optimizer, seed_everything
 
 # --8<-- [end:header]
@@ -92,8 +93,8 @@ def recipes(*, base_batch: int, base_lr: float, k: int) -> list[Recipe]:
 def train_recipe(recipe: Recipe, data: LMData, *, samples: int, seed: int = 0) -> dict[str, float]:
     """Train a fresh TinyTransformer on `samples` blocks with this recipe; held-out loss.
 
-    Lab 1's pieces (optimizer, schedule, batches, evaluation), not its loop: no checkpoints
-    or logs, only what differs between recipes. Same seed: same initial weights.
+    Lab 1's pieces (optimizer, schedule, batches, its step, evaluation), not its loop: no
+    checkpoints or logs, only what differs between recipes. Same seed: same initial weights.
     """
     steps = samples // recipe.batch_size
     if steps < 2:
@@ -108,15 +109,14 @@ def train_recipe(recipe: Recipe, data: LMData, *, samples: int, seed: int = 0) -
     batches = epoch_batches(len(data.train), recipe.batch_size, seed=seed, epoch=0)
     model.train()
     for step, indices in enumerate(batches[:steps]):
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, cfg, steps)
-        _, loss = model(*get_batch(data.train, indices, torch.device("cpu")))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        optimizer.step()
+        result = train_step(
+            loss_fn=lambda inputs, targets: model(inputs, targets)[1],
+            micro_batches=[get_batch(data.train, indices, torch.device("cpu"))],
+            optimizer=optimizer, lr=lr_at(step, cfg, steps),
+            max_norm=cfg.grad_clip, clip_params=model.parameters(),
+        )  # fmt: skip
     heldout = evaluate(model, data.heldout, batch_size=64, device=torch.device("cpu"))["loss"]
-    return {"steps": steps, "final_train_loss": loss.item(), "heldout_loss": heldout}
+    return {"steps": steps, "final_train_loss": result.loss, "heldout_loss": heldout}
 
 
 # --8<-- [end:train]

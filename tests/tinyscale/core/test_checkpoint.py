@@ -246,6 +246,19 @@ def test_latest_checkpoint_is_the_newest_complete_one(tmp_path: Path) -> None:
     assert ckpt.latest_checkpoint(tmp_path).name == "step_000060"
 
 
+def test_a_checkpoint_name_gives_back_its_step(tmp_path: Path) -> None:
+    assert ckpt.checkpoint_name(100) == "step_000100"
+    for step in (0, 7, 414, 1_234_567):  # past six digits the name grows, the step still reads
+        name = ckpt.checkpoint_name(step)
+        assert ckpt.checkpoint_step(name) == ckpt.checkpoint_step(f"{name}.pt") == step
+    for other in ("step_.pt", "step_12.pt.tmp-3", ".step_000001.pt.tmp-9", "latest", "step_1.json"):
+        assert ckpt.checkpoint_step(other) is None
+    for step in (999_999, 1_000_000):  # by step, not by name: "step_1000000" < "step_999999"
+        (tmp_path / f"{ckpt.checkpoint_name(step)}.pt").touch()
+    (tmp_path / "step_notes.pt").touch()  # not a checkpoint's name: never picked
+    assert ckpt.latest_checkpoint(tmp_path).name == "step_1000000.pt"
+
+
 SAVE_FOREVER = """
 import sys, torch
 from tinyscale.core.checkpoint import save_checkpoint
