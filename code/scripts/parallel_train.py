@@ -43,7 +43,7 @@ from torch.distributed.tensor.parallel import (
 
 from tinyscale.comm.dist import DistEnv, device_for, dist_env, distributed, rank_logger
 from tinyscale.comm.parallel_layout import ParallelLayout, ParallelMesh, add_layout_flags
-from tinyscale.core.checkpoint import latest_checkpoint
+from tinyscale.core.checkpoint import checkpoint_name, latest_checkpoint
 from tinyscale.core.cli import add_flags, from_args
 from tinyscale.core.config import ModelConfig, load_model_config
 from tinyscale.core.data import build_datasets, epoch_batches, get_batch
@@ -254,7 +254,7 @@ def place_qkv(stage: ModelStage, optimizer: torch.optim.Optimizer, loaded: dict,
 
 def save(stage: ModelStage, optimizer: torch.optim.Optimizer, run: Run, step: int) -> Path:
     """One DCP directory per step: complete once rank 0 has written .metadata, last."""
-    path = Path(run.cfg.output_dir, "checkpoints", f"step_{step:06d}")
+    path = Path(run.cfg.output_dir, "checkpoints", checkpoint_name(step))
     if run.env.is_main:
         if path.exists():  # saved before by a run we resumed from an earlier step: new
             shutil.rmtree(path)  # files under the old .metadata would be a corrupt mix
