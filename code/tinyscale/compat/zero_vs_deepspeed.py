@@ -27,6 +27,7 @@ from tinyscale.compat.deepspeed_costs import engine_state_bytes
 from tinyscale.core.config import preset
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.model import TinyTransformer
+from tinyscale.core.parity import flat_parameters, largest_difference
 from tinyscale.data_parallel.ddp import random_batch
 from tinyscale.data_parallel.zero import ZeRO
 
@@ -103,7 +104,7 @@ def deepspeeds(
     held = engine_state_bytes(engine)
     params = list(engine.module.parameters())
     with deepspeed.zero.GatheredParameters(params):  # ZeRO-3: gather the shards; else no-op
-        full = torch.cat([p.detach().flatten().clone() for p in params])
+        full = flat_parameters(params)
     engine.destroy()  # ZeRO-3 leaves hooks on the module
     return Trained(
         losses=losses,
@@ -139,7 +140,7 @@ def compare(steps: int = 3, seed: int = 0, threshold: int = 100) -> dict[Any, An
             if not settings:  # 3p compares with ZeRO-3's run of ours: nothing of ours changes
                 a = ours(base, stage, batches, counter)
             b = deepspeeds(base, stage, batches, counter, **settings)
-            diff = (a.weights - b.weights).abs().max()
+            diff = torch.tensor(largest_difference(a.weights, b.weights))
             dist.all_reduce(diff, op=dist.ReduceOp.MAX)  # the largest on any rank
             report[label] = {  # numbers, not the model, go back to the parent process
                 "ours": dataclasses.replace(a, weights=None),

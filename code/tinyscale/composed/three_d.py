@@ -30,6 +30,7 @@ from tinyscale.core.config import ModelConfig, preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.memory import activation_bytes
 from tinyscale.core.model import ModelStage, TinyTransformer
+from tinyscale.core.parity import largest_difference
 from tinyscale.data_parallel.memory_calculator import (
     activation_bytes_estimate,
     zero_state_bytes,
@@ -232,7 +233,7 @@ def train_3d(
         losses=losses,
         loss=loss_error,
         weights=max(
-            (p - whole_part(whole[n], p)).abs().max().item()
+            largest_difference(p, whole_part(whole[n], p))
             for n, p in pipe.named_parameters().items()
         ),
         sent={name: counter.sent_to(group) / steps for name, group in to.items()},

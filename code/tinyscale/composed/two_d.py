@@ -25,7 +25,7 @@ from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel.memory_calculator import zero_step_bytes
 from tinyscale.data_parallel.sharded_optimizer import ShardedOptimizer
 from tinyscale.model_parallel.tensor_parallel import TensorParallelTransformer
-from tinyscale.model_parallel.tp_parity import largest_difference
+from tinyscale.model_parallel.tp_parity import split_difference
 
 # --8<-- [end:header]
 
@@ -101,7 +101,7 @@ def train_2d(dp: int, tp: int, steps: int = 3, batch: int = 4) -> TwoDRun:
         coordinate=where,
         losses=losses,
         loss=loss_error,
-        weights=largest_difference(model, split, grads=False),
+        weights=split_difference(model, split, grads=False),
         tensor_bytes=tensor.sent_bytes() / steps,
         data_bytes=data.sent_bytes() / steps,
         params=sum(p.numel() for p in split.parameters()),

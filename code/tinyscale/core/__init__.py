@@ -13,10 +13,13 @@ else of tinyscale: a core module runs in one process, with no process group.
     data            workshop/lab-1.md, workshop/session-a.md
     metrics         workshop/lab-1.md
     checkpoint      workshop/lab-1.md, workshop/session-a.md
-    training        workshop/session-a.md, week-3/fp8.md
+    training        workshop/session-a.md
+    step            workshop/session-a.md
     memory          workshop/session-a.md
     flops           workflows/profiling.md
     accumulation    workshop/lab-2.md, workshop/session-b.md
     precision       workshop/session-b.md
+    comparison      week-3/fp8.md
+    parity          week-1/ddp-from-scratch.md
 """
 # --8<-- [end:map]

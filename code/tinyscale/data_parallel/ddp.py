@@ -23,6 +23,7 @@ from torch import nn
 from tinyscale.comm.dist import require_process_group
 from tinyscale.core.config import ModelConfig
 from tinyscale.core.errors import UsageError
+from tinyscale.core.parity import flat_parameters
 
 # --8<-- [end:header]
 
@@ -91,11 +92,6 @@ def random_batch(
     return ids[:, :-1].contiguous().to(device), ids[:, 1:].contiguous().to(device)  # (B, T)
 
 
-def flat_params(model: nn.Module) -> torch.Tensor:
-    """Every parameter, in ``model.parameters()`` order, as one flat tensor."""
-    return torch.cat([p.detach().flatten() for p in model.parameters()])
-
-
 # --8<-- [end:check]
 
 
@@ -122,7 +118,7 @@ def update_size_ratio(*, optimizer: str, lr: float = 0.1, seed: int = 0) -> floa
     sizes = []
     for wrapper in (NaiveDDP, ForgetfulDDP):
         model = wrapper(copy.deepcopy(base))
-        before = torch.cat([p.detach().flatten() for p in model.parameters()])
+        before = flat_parameters(model)
         if optimizer == "sgd":
             opt = torch.optim.SGD(model.parameters(), lr=lr)
         else:
@@ -130,7 +126,7 @@ def update_size_ratio(*, optimizer: str, lr: float = 0.1, seed: int = 0) -> floa
         model(x).square().mean().backward()
         model.finish_gradient_synchronization()
         opt.step()
-        after = torch.cat([p.detach().flatten() for p in model.parameters()])
+        after = flat_parameters(model)
         sizes.append((after - before).norm().item())
     return sizes[1] / sizes[0]
 

@@ -31,7 +31,8 @@ from tinyscale.core.device import select_device
 from tinyscale.core.errors import UsageError
 from tinyscale.core.memory import MiB
 from tinyscale.core.model import TinyTransformer
-from tinyscale.data_parallel.ddp import NaiveDDP, flat_params, random_batch
+from tinyscale.core.parity import flat_parameters, largest_difference
+from tinyscale.data_parallel.ddp import NaiveDDP, random_batch
 
 # --8<-- [end:header]
 
@@ -287,15 +288,15 @@ def compare_with_torch_ddp(
                 model.finish_gradient_synchronization()
             opt.step()
             opt.zero_grad(set_to_none=True)
-            spread = max(spread, rank_spread(flat_params(model)))
-        final[name] = flat_params(model)
+            spread = max(spread, rank_spread(flat_parameters(model)))
+        final[name] = flat_parameters(model)
         report[name] = {
             "rank_spread": spread,
             "all_reduces_per_step": getattr(model, "num_collectives", math.nan) / steps,
             "timeline": getattr(model, "events", []),  # the last step's, for OverlappedDDP
         }
     for name in variants:
-        report[name]["vs_torch"] = (final[name] - final["torch DDP"]).abs().max().item()
+        report[name]["vs_torch"] = largest_difference(final[name], final["torch DDP"])
     return report
 
 

@@ -29,6 +29,7 @@ from tinyscale.comm.parallel_layout import ParallelLayout
 from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError, run_cli
 from tinyscale.core.model import TinyTransformer
+from tinyscale.core.parity import flat_parameters, largest_difference
 from tinyscale.core.precision import PRECISIONS, check_precision
 from tinyscale.data_parallel.dcp_checkpoint import load_dcp, save_dcp
 from tinyscale.data_parallel.ddp import random_batch
@@ -167,10 +168,10 @@ def compare_with_zero3(
     counter = CollectiveCounter()
     losses, optimizer = train(model, batches, lr=lr, counter=counter)
     held = held_bytes(model, optimizer)
-    full = torch.cat([p.full_tensor().flatten() for p in model.parameters()])
+    full = flat_parameters(p.full_tensor() for p in model.parameters())
     report = {
         "world": world, "shard": shard_size or world, "numel": full.numel(),
-        "vs_zero3": (full - reference).abs().max().item(),
+        "vs_zero3": largest_difference(full, reference),
         "losses": losses, "zero3_losses": zero_losses, "held": held,
         "sent": {op: sum(c.sent_bytes() for c in counter.calls if c.op == op)
                  for op in sorted(counter.ops())},

@@ -21,6 +21,7 @@ from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.memory import measured_state_bytes
 from tinyscale.core.model import TinyTransformer
+from tinyscale.core.parity import flat_parameters, largest_difference
 from tinyscale.data_parallel.fully_sharded import FullyShardedModel
 from tinyscale.data_parallel.zero import ZeRO
 
@@ -72,11 +73,11 @@ def against_one_process(optimizer_name: str, steps: int = 3) -> dict[str, Any]:
         for optimizer in optimizers:
             optimizer.zero_grad()  # sets shard.grad to None: the next backward creates it
     params = fsdp.full_parameters()
-    one_params = torch.cat([p.detach().flatten() for p in one.parameters()])
+    one_params = flat_parameters(one)
     return {
         "losses": losses,
-        "vs one process": (params - one_params).abs().max().item(),
-        "vs ZeRO-3": zero and (params - zero.full_parameters()).abs().max().item(),
+        "vs one process": largest_difference(params, one_params),
+        "vs ZeRO-3": zero and largest_difference(params, zero.full_parameters()),
         "bytes": {"one process": held[0], "sharded": held[1]},
         "gathered": fsdp.gathered_bytes(),
         "numel": one_params.numel(),
@@ -96,16 +97,16 @@ def micro_batches_and_clipping(max_norm: float = MAX_NORM) -> dict[str, float]:
     whole(x[mine], y[mine])[1].backward()
     for half in (slice(rank * 4, rank * 4 + 2), slice(rank * 4 + 2, (rank + 1) * 4)):
         (split(x[half], y[half])[1] / 2).backward()  # two halves: the mean of the four
-    accumulated = (whole.full_gradients() - split.full_gradients()).abs().max().item()
+    accumulated = largest_difference(whole.full_gradients(), split.full_gradients())
     one(x, y)[1].backward()
     torch_norm = torch.nn.utils.clip_grad_norm_(one.parameters(), max_norm)
     norm = whole.clip_grad_norm_(max_norm)
-    one_grads = torch.cat([p.grad.flatten() for p in one.parameters()])
+    one_grads = flat_parameters(one, grads=True)
     return {
         "micro-batches": accumulated,
         "norm": norm.item(),
         "torch norm": torch_norm.item(),
-        "clipped": (whole.full_gradients() - one_grads).abs().max().item(),
+        "clipped": largest_difference(whole.full_gradients(), one_grads),
     }
 
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from tinyscale.comm.dist import in_one_call, require_process_group
 from tinyscale.core.errors import UsageError
-from tinyscale.data_parallel.ddp import flat_params
+from tinyscale.core.parity import flat_parameters, largest_difference
 
 # --8<-- [end:header]
 
@@ -75,7 +75,7 @@ class ShardedOptimizer:
         (N - 1)/N of the gradients per rank, half an all-reduce's 2(N - 1)/N."""
         for owner, receiver in enumerate(self.senders):
             params = [p for p, o in zip(self.params, self.owners, strict=True) if o == owner]
-            flat = torch.cat([p.grad.flatten() for p in params])
+            flat = flat_parameters(params, grads=True)
             dist.reduce(flat, dst=receiver, group=self.group)
             if owner == dist.get_rank(self.group):  # the others' sums are not theirs to use
                 flat /= dist.get_world_size(self.group)
@@ -154,10 +154,10 @@ def against_torch(optimizer_name: str, steps: int = 3) -> dict:
         for optimizer in optimizers:
             optimizer.step()
             optimizer.zero_grad()
-    flat = [flat_params(m) for m in models]
+    flat = [flat_parameters(m) for m in models]
     return {
-        "ours vs one process": (flat[1] - flat[0]).abs().max().item(),
-        "ours vs torch": (flat[1] - flat[2]).abs().max().item(),
+        "ours vs one process": largest_difference(flat[1], flat[0]),
+        "ours vs torch": largest_difference(flat[1], flat[2]),
         "state": optimizers[1].state_elements(),
         "params": sum(p.numel() for p in ours.parameters()),
     }

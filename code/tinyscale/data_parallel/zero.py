@@ -28,6 +28,7 @@ from torch import nn
 from tinyscale.comm.dist import require_process_group
 from tinyscale.core.errors import UsageError
 from tinyscale.core.memory import storage_bytes
+from tinyscale.core.parity import flat_parameters
 
 ZERO_STAGES = (0, 1, 2, 3)
 OPTIMIZERS = ("adamw",)
@@ -316,7 +317,7 @@ class ZeRO(nn.Module):
             if self.stage == 3 and not unit.gathered:
                 self._gather(unit)
                 gathered.append(unit)
-        flat = torch.cat([p.detach().flatten() for p in self.module.parameters()])
+        flat = flat_parameters(self.module)
         for unit in gathered:
             self._free(unit)
         self.peak_state_bytes = peak

@@ -21,6 +21,7 @@ from tinyscale.comm.dist import rank_spread
 from tinyscale.core.config import ModelConfig, preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import TinyTransformer
+from tinyscale.core.parity import flat_parameters, largest_difference
 from tinyscale.data_parallel.ddp import random_batch
 from tinyscale.data_parallel.memory_calculator import zero_state_bytes, zero_step_bytes
 from tinyscale.data_parallel.zero import ZERO_STAGES, ZeRO
@@ -55,7 +56,7 @@ def compare_stages(
         ddp(x, y)[1].backward()
         opt.step()
         opt.zero_grad()
-    baseline = torch.cat([p.detach().flatten() for p in ddp.module.parameters()])
+    baseline = flat_parameters(ddp.module)
     report: dict[Any, Any] = {"numel": baseline.numel(), "world": world}
     for stage in stages:
         model = copy.deepcopy(base)
@@ -69,7 +70,7 @@ def compare_stages(
                 zero.zero_grad()
         full = zero.full_parameters()
         report[stage] = {
-            "vs_ddp": (full - baseline).abs().max().item(),
+            "vs_ddp": largest_difference(full, baseline),
             "rank_spread": rank_spread(full),
             "held": held,
             "peak": zero.peak_state_bytes,

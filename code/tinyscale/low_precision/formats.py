@@ -22,6 +22,7 @@ from tinyscale.core.config import ModelConfig
 from tinyscale.core.data import build_datasets, get_batch
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.model import TinyTransformer
+from tinyscale.core.parity import flat_parameters
 
 # --8<-- [end:header]
 
@@ -138,8 +139,8 @@ def one_step_tensors(seed: int = 0) -> dict[str, torch.Tensor]:
             )
     model(*get_batch(data.train, torch.arange(16), torch.device("cpu")))[1].backward()
     return {
-        "weights": torch.cat([p.detach().flatten() for p in model.parameters()]),
-        "weight gradients": torch.cat([p.grad.flatten() for p in model.parameters()]),
+        "weights": flat_parameters(model),
+        "weight gradients": flat_parameters(model, grads=True),
         "output gradients": torch.cat(output_grads),
     }
 

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from tinyscale.comm.counter import CollectiveCounter
 from tinyscale.comm.dist import require_process_group
 from tinyscale.core.errors import UsageError
+from tinyscale.core.parity import largest_difference
 from tinyscale.model_parallel.moe import MoE, RoutedLayer, combine
 from tinyscale.model_parallel.moe_routing import MoEConfig, capacity, dispatch
 
@@ -132,13 +133,13 @@ def parity(seed: int = 0, capacity_factor: float | None = None, tokens: int = 48
     router_grad = layer.router.gate.weight.grad.clone()
     dist.all_reduce(router_grad)  # replicated: each rank saw only its own tokens
     held = slice(rank * layer.per_rank, (rank + 1) * layer.per_rank)
-    experts = [(p.grad - getattr(whole.experts, name).grad[held]).abs().max().item()
+    experts = [largest_difference(p.grad, getattr(whole.experts, name).grad[held])
                for name, p in layer.experts.named_parameters()]  # fmt: skip
     return {
-        "output": (out - reference[rank]).abs().max().item(),
-        "input grad": (mine.grad - inputs[rank].grad).abs().max().item(),
+        "output": largest_difference(out, reference[rank]),
+        "input grad": largest_difference(mine.grad, inputs[rank].grad),
         "experts": max(experts),
-        "router": (router_grad - whole.router.gate.weight.grad).abs().max().item(),
+        "router": largest_difference(router_grad, whole.router.gate.weight.grad),
         "load": layer.load.tolist(),
         "dropped": layer.dropped,
         "all_to_alls": counter.ops()["all_to_all_single"],

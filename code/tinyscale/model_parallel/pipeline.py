@@ -30,6 +30,7 @@ from tinyscale.comm.rank_grid import RankGrid
 from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import ModelStage, TinyTransformer, cut_into_stages
+from tinyscale.core.parity import largest_difference
 from tinyscale.model_parallel.p2p import ACTIVATION, GRADIENT, StageLink
 from tinyscale.model_parallel.schedules import Action, Timed, make_schedule, stage_of
 
@@ -286,8 +287,8 @@ def compare_with_one_process(
             sgd_step(pipe.parameters(), lr=lr)
     mine, theirs = pipe.named_parameters(), dict(ref.named_parameters(remove_duplicate=False))
     return {
-        "weights": max((p - theirs[n]).abs().max().item() for n, p in mine.items()),
-        "grads": max((p.grad - theirs[n].grad).abs().max().item() for n, p in mine.items()),
+        "weights": max(largest_difference(p, theirs[n]) for n, p in mine.items()),
+        "grads": max(largest_difference(p.grad, theirs[n].grad) for n, p in mine.items()),
         "loss": None if loss is None else abs(loss - ref_loss.item()),
         "peak": pipe.activations.peak,
         "sent": sum(c.nbytes for c in counter.calls if c.op == "isend"),

@@ -31,6 +31,7 @@ from tinyscale.comm.parallel_layout import job_timeout, new_subgroup
 from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError, run_cli
 from tinyscale.core.model import ModelStage, TinyTransformer, cut_into_stages
+from tinyscale.core.parity import largest_difference
 from tinyscale.model_parallel.pipeline import split_layers
 
 # --8<-- [end:header]
@@ -231,7 +232,7 @@ def compare_schedules(
         sync_tied_embedding(model, tied_embedding_group([pipeline], last))
         held = {id(p) for p in held_parameters(mine)}
         diff = max(
-            (p.grad - reference[n]).abs().max().item()
+            largest_difference(p.grad, reference[n])
             for n, p in model.named_parameters()
             if id(p) in held
         )

@@ -30,6 +30,7 @@ from torch.distributed.tensor.parallel import (
 from tinyscale.comm.parallel_layout import ParallelLayout
 from tinyscale.core.config import ModelConfig, preset
 from tinyscale.core.model import TinyTransformer, qkv_rows
+from tinyscale.core.parity import largest_difference
 from tinyscale.model_parallel.tensor_parallel import check_tensor_parallel_size
 
 # --8<-- [end:header]
@@ -142,7 +143,7 @@ def against_one_process(sequence_parallel: bool, steps: int = 3) -> dict:
         reference = model.get_parameter(name).detach()
         if name.endswith("attn.qkv.weight") or name.endswith("attn.qkv.bias"):
             reference = reference[order]
-        weight_error = max(weight_error, (full - reference).abs().max().item())
+        weight_error = max(weight_error, largest_difference(full, reference))
     return {"loss": loss_error, "weights": weight_error, "forward": forward, "backward": backward}
 
 

@@ -20,6 +20,7 @@ from tinyscale.comm.counter import CollectiveCounter
 from tinyscale.core.config import ModelConfig, preset
 from tinyscale.core.memory import activation_bytes
 from tinyscale.core.model import TinyTransformer
+from tinyscale.core.parity import largest_difference
 from tinyscale.model_parallel.tensor_parallel import TensorParallelTransformer
 
 # --8<-- [end:header]
@@ -33,13 +34,13 @@ def whole_part(whole: torch.Tensor, part: nn.Parameter) -> torch.Tensor:
     return whole.index_select(part.tp_dim, part.tp_index)
 
 
-def largest_difference(model: nn.Module, split: nn.Module, *, grads: bool) -> float:
+def split_difference(model: nn.Module, split: nn.Module, *, grads: bool) -> float:
     """The largest |split - whole| over every parameter (or gradient) this rank holds."""
     whole = dict(model.named_parameters())
     worst = 0.0
     for name, part in split.named_parameters():
         ours, reference = (part.grad, whole[name].grad) if grads else (part, whole[name])
-        worst = max(worst, (ours - whole_part(reference, part)).abs().max().item())
+        worst = max(worst, largest_difference(ours, whole_part(reference, part)))
     return worst
 
 
@@ -77,8 +78,8 @@ def parity(
         loss_error = max(loss_error, abs(loss.item() - split_loss.item()))
         if step == 0:
             mine = split.tok_emb.rows  # this rank's slice of the vocabulary
-            logit_error = (split_logits - logits[..., mine]).abs().max().item()
-            grad_error = largest_difference(model, split, grads=True)
+            logit_error = largest_difference(split_logits, logits[..., mine])
+            grad_error = split_difference(model, split, grads=True)
         for optimizer in optimizers:
             optimizer.step()
             optimizer.zero_grad()
@@ -86,7 +87,7 @@ def parity(
         loss=loss_error,
         logits=logit_error,
         grads=grad_error,
-        weights=largest_difference(model, split, grads=False),
+        weights=split_difference(model, split, grads=False),
         params=sum(p.numel() for p in split.parameters()),
     )
 
@@ -190,9 +191,9 @@ def norm_gradients() -> list[tuple[float, float]]:
         model(ids, ids)[1].backward()
         split(ids, ids)[1].backward()
         whole = model.blocks[0].ln1.weight.grad
-        before = (split.blocks[0].ln1.weight.grad - whole).abs().max().item()
+        before = largest_difference(split.blocks[0].ln1.weight.grad, whole)
         split.sync_sequence_parallel_grads()
-        found.append((before, (split.blocks[0].ln1.weight.grad - whole).abs().max().item()))
+        found.append((before, largest_difference(split.blocks[0].ln1.weight.grad, whole)))
     return found
 
 

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import FunctionCtx
 
+from tinyscale.core.parity import largest_difference
 from tinyscale.model_parallel.tp_ops import Group, reduce_from_region
 
 # --8<-- [end:header]
@@ -104,7 +105,7 @@ def compare_loss(seed: int = 0) -> str:
     part = logits[:, cols].clone().requires_grad_()
     loss = VocabParallelCrossEntropy.apply(part, targets, cols.start, None)
     loss.backward()
-    grad_error = (part.grad - full.grad[:, cols]).abs().max().item()
+    grad_error = largest_difference(part.grad, full.grad[:, cols])
     return (
         f"rank {rank}: columns {cols.start}..{cols.stop - 1}, loss {loss.item():.6f} "
         f"(F.cross_entropy {expected.item():.6f}), largest gradient difference {grad_error:.1e}"

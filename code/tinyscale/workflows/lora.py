@@ -26,6 +26,7 @@ from tinyscale.core.checkpoint import load_checkpoint, save_checkpoint
 from tinyscale.core.config import ModelConfig, preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import TinyTransformer
+from tinyscale.core.parity import flat_parameters
 from tinyscale.data_parallel.ddp import random_batch
 
 # --8<-- [end:header]
@@ -266,7 +267,7 @@ def ddp_lora(steps: int = 2, rank: int = 4, seed: int = 0) -> dict[str, Any]:
         before = sum(sent)
         losses.append(train_step(ddp, optimizer, step=step, seed=seed))
         per_step.append(sum(sent) - before)
-    adapter = torch.cat([p.detach().flatten() for p in model.parameters() if p.requires_grad])
+    adapter = flat_parameters(p for p in model.parameters() if p.requires_grad)
     return {"bytes_per_step": per_step, "trainable": trainable_parameters(model),
             "spread": rank_spread(adapter), "losses": losses}  # fmt: skip
 

@@ -27,7 +27,8 @@ from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.memory import MiB
 from tinyscale.core.model import TinyTransformer
-from tinyscale.data_parallel.ddp import flat_params, random_batch
+from tinyscale.core.parity import flat_parameters, largest_difference
+from tinyscale.data_parallel.ddp import random_batch
 from tinyscale.data_parallel.ddp_buckets import PARITY_TOLERANCE, compare_with_torch_ddp
 from tinyscale.data_parallel.ddp_views import (
     FIRST_BUCKET_MB,
@@ -68,7 +69,7 @@ def train_with_no_sync(wrap, base: nn.Module, micro: list, steps: int = 3) -> di
             opt.step()
             opt.zero_grad(set_to_none=False)
     return {
-        "params": flat_params(model),
+        "params": flat_parameters(model),
         "all_reduces": counter.ops()["all_reduce"],
         "model": model,
     }
@@ -103,7 +104,7 @@ def multi_rank_facts(full: bool) -> dict:
     theirs = train_with_no_sync(torch_ddp_views, base, micro)
     model = ours["model"]
     facts["no_sync"] = {
-        "diff": (ours["params"] - theirs["params"]).abs().max().item(),
+        "diff": largest_difference(ours["params"], theirs["params"]),
         "all_reduces": ours["all_reduces"],
         "buckets": len(model.buckets),
         "views_after_set_to_none_false": views_of_buckets(model),
