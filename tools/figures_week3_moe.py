@@ -3,7 +3,7 @@ and as a mixture of experts balanced three ways, trained on the same data.
 
 Run:  python tools/figures_week3_moe.py   (about 3 minutes on 2 CPU cores; part of `make figures`)
 
-Each variant runs tinyscale.model_parallel.moe_compare.train_variant for STEPS steps (one
+Each variant runs tinyscale.expert_parallel.moe_compare.train_variant for STEPS steps (one
 schedule, held-out loss every EVAL_EVERY steps) in this one process, one thread, with
 moe_compare's default MoE (8 experts, top 1, dropless). Then, on each trained MoE, the
 drop rate on 64 held-out blocks for each capacity factor, and the tokens per expert.
@@ -26,8 +26,8 @@ import matplotlib.pyplot as plt
 import torch
 
 from tinyscale.core.data import build_datasets
-from tinyscale.model_parallel.moe import parameter_counts
-from tinyscale.model_parallel.moe_compare import (
+from tinyscale.expert_parallel.moe import parameter_counts
+from tinyscale.expert_parallel.moe_compare import (
     BALANCING,
     VARIANTS,
     build,
@@ -35,7 +35,7 @@ from tinyscale.model_parallel.moe_compare import (
     step_flops,
     train_variant,
 )
-from tinyscale.model_parallel.moe_routing import MoEConfig
+from tinyscale.expert_parallel.moe_routing import MoEConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "generated" / "week3"

@@ -3,10 +3,10 @@
 Run:  python tools/figures_week3_pipeline.py   (about 30 s on 2 CPU cores)
 
 For every schedule, p = 4 gloo processes run our pipeline runtime
-(tinyscale.model_parallel.pipeline) on an 8-block tiny model with m = 8 micro-batches and
+(tinyscale.pipeline_parallel.pipeline) on an 8-block tiny model with m = 8 micro-batches and
 stand-in compute (a sleep in every forward and backward), two steps; the second step's
 events are drawn as a Gantt chart beside the simulator's timeline of the same action
-lists (tinyscale.model_parallel.schedules.simulate). Writes, under docs/generated/week3/:
+lists (tinyscale.pipeline_parallel.schedules.simulate). Writes, under docs/generated/week3/:
 pipeline_<schedule>.png (the two timelines) and pipeline_<schedule>.json (the numbers:
 simulated and measured bubble per rank, durations, message delay, peaks).
 """
@@ -26,8 +26,8 @@ import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
 from tinyscale.comm.launch import run_on_ranks
-from tinyscale.model_parallel.pipeline import PipelineConfig, compare_with_one_process
-from tinyscale.model_parallel.schedules import (
+from tinyscale.pipeline_parallel.pipeline import PipelineConfig, compare_with_one_process
+from tinyscale.pipeline_parallel.schedules import (
     SCHEDULES,
     bubble,
     bubble_fraction,

@@ -51,10 +51,10 @@ from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.model import ModelStage, TinyTransformer
 from tinyscale.core.training import TrainConfig, lr_at, make_optimizer, plan_steps, seed_everything
 from tinyscale.data_parallel.dcp_checkpoint import load_dcp, save_dcp
-from tinyscale.model_parallel.pipeline import split_layers
-from tinyscale.model_parallel.tensor_parallel import check_tensor_parallel_size
-from tinyscale.model_parallel.torch_pipeline import microbatch_loss
-from tinyscale.model_parallel.tp_dtensor import block_plan, heads_in_rank_order
+from tinyscale.pipeline_parallel.pipeline import split_layers
+from tinyscale.pipeline_parallel.torch_pipeline import microbatch_loss
+from tinyscale.tensor_parallel.tp_dtensor import block_plan, heads_in_rank_order
+from tinyscale.tensor_parallel.tp_model import check_tensor_parallel_size
 
 # Gathering a 2-D sharded qkv for the checkpoint takes two all-gathers; torch warns each time.
 logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)

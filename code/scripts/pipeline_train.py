@@ -41,8 +41,8 @@ from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.model import TinyTransformer
 from tinyscale.core.training import TrainConfig, lr_at, make_optimizer, plan_steps, seed_everything
 from tinyscale.data_parallel.ranked_checkpoint import load_ranked, save_ranked
-from tinyscale.model_parallel.pipeline import split_layers
-from tinyscale.model_parallel.torch_pipeline import (
+from tinyscale.pipeline_parallel.pipeline import split_layers
+from tinyscale.pipeline_parallel.torch_pipeline import (
     SCHEDULES,
     build_schedule,
     check_schedule,

@@ -5,7 +5,7 @@ compute and wrote, per schedule, the numbers its Gantt chart is drawn from. Thes
 recompute the simulator's side exactly from the action lists, check the recorded run
 against the simulator fed with the run's own durations, rebuild the page's table from the
 numbers. The cheap point re-run (1F1B on 2 ranks, the same stand-in compute) is in
-tests/tinyscale/model_parallel/test_pipeline.py, whose launch already times it: its step
+tests/tinyscale/pipeline_parallel/test_pipeline.py, whose launch already times it: its step
 must land within helpers.TIMING_FACTORS["sleep"] of what pipeline_1f1b.json's durations predict.
 """
 
@@ -17,7 +17,7 @@ from fractions import Fraction
 import pytest
 
 from helpers import ROOT, load_tool, prose, said
-from tinyscale.model_parallel.schedules import (
+from tinyscale.pipeline_parallel.schedules import (
     SCHEDULES,
     bubble,
     bubble_fraction,

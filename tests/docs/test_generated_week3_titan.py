@@ -21,7 +21,7 @@ pytest.importorskip("torchtitan", reason="torchtitan is in the cluster extra: ma
 # torchtitan's modules are imported in the tests that use them, not here: importing them
 # costs seconds of CPU, and every pytest worker imports this file to collect it.
 
-from tinyscale.model_parallel.torch_pipeline import stage_placement
+from tinyscale.pipeline_parallel.torch_pipeline import stage_placement
 
 GENERATED = ROOT / "docs" / "generated" / "week3"
 SCHEDULES = {

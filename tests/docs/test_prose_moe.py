@@ -25,8 +25,8 @@ import pytest
 from helpers import ROOT, fails_when_changed, prose, recorded_output, said
 from tinyscale.core.config import ModelConfig
 from tinyscale.core.model import TinyTransformer
-from tinyscale.model_parallel import expert_parallel, moe_compare, moe_routing
-from tinyscale.model_parallel.moe_routing import MoEConfig, capacity
+from tinyscale.expert_parallel import ep_moe, moe_compare, moe_routing
+from tinyscale.expert_parallel.moe_routing import MoEConfig, capacity
 
 PAGE = "week-3/moe.md"
 DATA = json.loads((ROOT / "docs" / "generated" / "week3" / "moe_curves.json").read_text())
@@ -112,18 +112,16 @@ def check_ep_bytes(text: str) -> None:
     k, tokens, hidden, rows, experts, count, per_rank = map(
         int, numbers(k, tokens, hidden, rows, experts, count, per_rank)
     )
-    parity = inspect.signature(expert_parallel.parity).parameters
-    world = inspect.signature(expert_parallel.demo).parameters["world_size"].default
-    source = inspect.getsource(expert_parallel.parity)
+    parity = inspect.signature(ep_moe.parity).parameters
+    world = inspect.signature(ep_moe.demo).parameters["world_size"].default
+    source = inspect.getsource(ep_moe.parity)
     assert parity["tokens"].default == tokens and f"top_k={k}" in source
     assert f"MoE({hidden}, " in source and experts == 2 * world  # num_experts=2 * ep
-    assert (
-        rows == expert_parallel.all_to_all_bytes(tokens, k, hidden) == 4 * k * tokens * hidden * 4
-    )
+    assert rows == ep_moe.all_to_all_bytes(tokens, k, hidden) == 4 * k * tokens * hidden * 4
     assert count == 8  # an int64 count per expert
     assert per_rank == rows + count * experts
     assert f"{world} x {per_rank:,} (formula)" in "\n".join(
-        recorded_output(PAGE, "expert_parallel import demo")
+        recorded_output(PAGE, "ep_moe import demo")
     )
 
 

@@ -15,7 +15,7 @@ from fractions import Fraction
 import pytest
 
 from helpers import ROOT, fails_when_changed, prose, said
-from tinyscale.model_parallel.schedules import bubble_fraction, make_schedule, simulate
+from tinyscale.pipeline_parallel.schedules import bubble_fraction, make_schedule, simulate
 
 PAGE = "week-3/pipeline-from-scratch.md"
 RECORDED = ROOT / "docs" / "generated" / "week3"

@@ -2,7 +2,7 @@
 enforce them and the arithmetic they come from:
 
 - the parity tolerances the page states are those of
-  tests/tinyscale/model_parallel/test_torch_pipeline.py (PARITY_TOLERANCE, and the bound
+  tests/tinyscale/pipeline_parallel/test_torch_pipeline.py (PARITY_TOLERANCE, and the bound
   that shows torch's default scaling wrong), and the table's threshold (grad_diff);
 - the exercise's weighting of a 16-layer model into 4 stages.
 """
@@ -15,10 +15,10 @@ import re
 import pytest
 
 from helpers import ROOT, fails_when_changed, prose, said
-from tinyscale.model_parallel.torch_pipeline import grad_diff
+from tinyscale.pipeline_parallel.torch_pipeline import grad_diff
 
 PAGE = "week-3/pipeline-torchtitan.md"
-PARITY_TESTS = ROOT / "tests" / "tinyscale" / "model_parallel" / "test_torch_pipeline.py"
+PARITY_TESTS = ROOT / "tests" / "tinyscale" / "pipeline_parallel" / "test_torch_pipeline.py"
 
 
 def parity_tolerance() -> float:

@@ -4,7 +4,7 @@
 - why a contiguous cut of the fused qkv fails: rank 0 of 2 gets q and half of k;
 - the weights' difference after 3 AdamW steps (recorded), the learning rate (the code),
   and the tolerances the page quotes, against the constants of
-  tests/tinyscale/model_parallel/test_tensor_parallel.py;
+  tests/tinyscale/tensor_parallel/test_tp_model.py;
 - fp32's 4 bytes in the all-reduce formula; the parameters per rank at t = 2 and 4, and the
   sizes t must divide, from the formula and the presets;
 - Exercise 2's recorded run: plain TP's norm gradients are one process's on every rank,
@@ -22,8 +22,8 @@ import torch
 from helpers import fails_when_changed, load_script, prose, recorded_output, said
 from tinyscale.core.config import load_model_config, preset
 from tinyscale.core.errors import UsageError
-from tinyscale.model_parallel import tp_parity
-from tinyscale.model_parallel.tensor_parallel import (
+from tinyscale.tensor_parallel import tp_parity
+from tinyscale.tensor_parallel.tp_model import (
     check_tensor_parallel_size,
     parameters_per_rank,
 )
@@ -34,7 +34,7 @@ TIMES = {"once": 1, "twice": 2}
 
 def tolerances():
     """The parity test's constants, read from its module."""
-    return load_script("test_tensor_parallel", folder="tests/tinyscale/model_parallel")
+    return load_script("test_tp_model", folder="tests/tinyscale/tensor_parallel")
 
 
 def demo_output() -> str:

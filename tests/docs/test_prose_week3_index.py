@@ -16,7 +16,7 @@ import pytest
 from helpers import ROOT, fails_when_changed, prose, said
 from tinyscale.core.config import preset
 from tinyscale.core.model import TinyTransformer
-from tinyscale.model_parallel.schedules import make_schedule, peak_in_flight
+from tinyscale.pipeline_parallel.schedules import make_schedule, peak_in_flight
 
 sys.path.insert(0, str(ROOT / "tools"))
 import page_times

@@ -1,7 +1,8 @@
 """The package's architecture (ARCHITECTURE.md): topic folders, the import rule, the chapter maps.
 
 - Every module sits in a topic folder; nothing but __init__.py at the package's top.
-- Imports flow one way: core <- comm <- data_parallel, model_parallel <- composed <- compat, and
+- Imports flow one way: core <- comm <- data_parallel, pipeline_parallel, tensor_parallel,
+  expert_parallel <- composed <- compat (those four never import each other), and
   core <- low_precision <- compat; ops may import any of them and nothing imports ops.
   Read from every module's `import` statements with `ast` (function-level imports count
   too).
@@ -29,21 +30,22 @@ import pytest
 from helpers import ROOT
 
 PACKAGE = ROOT / "code" / "tinyscale"
+# A folder per parallelism: each imports core and comm only, never another (composed
+# combines them).
+PARALLELISMS = {"data_parallel", "pipeline_parallel", "tensor_parallel", "expert_parallel"}
 # folder -> the folders it may import (itself always allowed)
 ALLOWED: dict[str, set[str]] = {
     "core": set(),
     "comm": {"core"},
-    "data_parallel": {"core", "comm"},
-    "model_parallel": {"core", "comm"},
+    **{folder: {"core", "comm"} for folder in sorted(PARALLELISMS)},
     "low_precision": {"core"},
-    "composed": {"core", "comm", "data_parallel", "model_parallel"},
-    "compat": {"core", "comm", "data_parallel", "model_parallel", "low_precision", "composed"},
-    "workflows": {"core", "comm", "data_parallel", "model_parallel", "low_precision"},
+    "composed": {"core", "comm", *PARALLELISMS},
+    "compat": {"core", "comm", *PARALLELISMS, "low_precision", "composed"},
+    "workflows": {"core", "comm", *PARALLELISMS, "low_precision"},
     "ops": {
         "core",
         "comm",
-        "data_parallel",
-        "model_parallel",
+        *PARALLELISMS,
         "low_precision",
         "composed",
         "compat",
@@ -254,6 +256,9 @@ def test_self_check_the_import_rule() -> None:
         "line 1: imports tinyscale.data_parallel"
     ]
     assert rule_breaks("compat", "from tinyscale import ops\n") == ["line 1: imports tinyscale.ops"]
+    assert rule_breaks(
+        "tensor_parallel", "from tinyscale.pipeline_parallel.p2p import StageLink\n"
+    ) == ["line 1: imports tinyscale.pipeline_parallel"]
 
 
 def test_self_check_the_chapter_map() -> None:

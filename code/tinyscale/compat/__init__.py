@@ -3,7 +3,8 @@
 
 Each module reads an engine's own configs, patches what it needs on a CPU, or proves it
 equal to what the course built. They may import any of tinyscale.core, tinyscale.comm,
-tinyscale.data_parallel and tinyscale.model_parallel; those never import them.
+tinyscale.data_parallel and the folder of each model parallelism (pipeline_parallel,
+tensor_parallel, expert_parallel); those never import them.
 
     module              taught on
     deepspeed_config    workshop/deepspeed.md

@@ -18,8 +18,8 @@ from tinyscale.composed.two_d import train_2d
 from tinyscale.core.config import preset
 from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel.zero import ZeRO
-from tinyscale.model_parallel.pipeline import Pipeline, PipelineConfig
-from tinyscale.model_parallel.tensor_parallel import TensorParallelTransformer
+from tinyscale.pipeline_parallel.pipeline import Pipeline, PipelineConfig
+from tinyscale.tensor_parallel.tp_model import TensorParallelTransformer
 
 STEPS, BATCH, LR = 3, 8, 1e-2
 RUNGS = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "FSDP2", "TP", "TP + SP", "PP 1F1B")

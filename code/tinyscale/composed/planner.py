@@ -32,8 +32,8 @@ from tinyscale.data_parallel.memory_calculator import (
     zero_state_bytes,
     zero_step_bytes,
 )
-from tinyscale.model_parallel.schedules import bubble_fraction
-from tinyscale.model_parallel.tensor_parallel import parameters_per_rank
+from tinyscale.pipeline_parallel.schedules import bubble_fraction
+from tinyscale.tensor_parallel.tp_model import parameters_per_rank
 
 # --8<-- [end:header]
 

@@ -4,7 +4,7 @@
 Try it:  python -c "from tinyscale.composed.three_d import demo; demo()"
 
 The ranks form a dp x pp x tp grid (tinyscale.comm.rank_grid, tp innermost). Each line of
-the grid along pp is one pipeline (model_parallel.pipeline.Pipeline, 1F1B), in global
+the grid along pp is one pipeline (pipeline_parallel.pipeline.Pipeline, 1F1B), in global
 ranks. Each of its stages is split over the stage's tensor group as
 TensorParallelTransformer splits a whole model: the blocks by heads and FFN channels, the
 first stage's embedding and the last stage's head and loss by vocabulary. Tensor rank i
@@ -37,16 +37,16 @@ from tinyscale.data_parallel.memory_calculator import (
     zero_step_bytes,
 )
 from tinyscale.data_parallel.sharded_optimizer import ShardedOptimizer
-from tinyscale.model_parallel.pipeline import Pipeline, PipelineConfig, split_layers
-from tinyscale.model_parallel.tensor_parallel import (
+from tinyscale.pipeline_parallel.pipeline import Pipeline, PipelineConfig, split_layers
+from tinyscale.tensor_parallel.tp_model import (
     ColumnParallelLinear,
     check_tensor_parallel_size,
     parallelize_block,
     shard,
 )
-from tinyscale.model_parallel.tp_ops import Group
-from tinyscale.model_parallel.tp_parity import whole_part
-from tinyscale.model_parallel.vocab_parallel import (
+from tinyscale.tensor_parallel.tp_ops import Group
+from tinyscale.tensor_parallel.tp_parity import whole_part
+from tinyscale.tensor_parallel.vocab_parallel import (
     VocabParallelEmbedding,
     vocab_parallel_cross_entropy,
 )
@@ -100,7 +100,7 @@ def tensor_parallel_pieces(cfg: ModelConfig, group: Group) -> dict:
 
 # --8<-- [start:formulas]
 def stage_parameters(cfg: ModelConfig, layers: range, *, first: bool, last: bool, tp: int) -> int:
-    """Parameters one rank of a pipeline stage holds (tensor_parallel.parameters_per_rank,
+    """Parameters one rank of a pipeline stage holds (tp_model.parameters_per_rank,
     for the stage's blocks): a tied head on another stage is a second copy of V/t rows."""
     h, i, V = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     split = (3 * h * h + 3 * h) + h * h + (h * i + i) + i * h  # qkv, proj, up, down: / t

@@ -24,8 +24,8 @@ from tinyscale.core.config import ModelConfig, preset
 from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel.memory_calculator import zero_step_bytes
 from tinyscale.data_parallel.sharded_optimizer import ShardedOptimizer
-from tinyscale.model_parallel.tensor_parallel import TensorParallelTransformer
-from tinyscale.model_parallel.tp_parity import split_difference
+from tinyscale.tensor_parallel.tp_model import TensorParallelTransformer
+from tinyscale.tensor_parallel.tp_parity import split_difference
 
 # --8<-- [end:header]
 

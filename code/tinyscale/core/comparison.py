@@ -4,7 +4,7 @@
 Try it:  python -c "from tinyscale.core.comparison import *; from tinyscale.core.data import build_datasets; from tinyscale.core.model import TinyTransformer; from tinyscale.core.config import ModelConfig; print(train_and_score(lambda: TinyTransformer(ModelConfig()), build_datasets(vocab_size=1024, block_size=64), steps=4, eval_every=2).curve)"
 
 The fp8 comparison (tinyscale.low_precision.compare) and the MoE comparison
-(tinyscale.model_parallel.moe_compare) each build their variants and pass what differs
+(tinyscale.expert_parallel.moe_compare) each build their variants and pass what differs
 (autocast, an extra loss, an update after each step); the training is this one.
 """
 

@@ -112,7 +112,7 @@ def activation_bytes_estimate(
     (4bs). Then the head: final LayerNorm in and out, log-softmax over the vocabulary,
     and the int64 token ids, positions and targets.
 
-    Split over t ranks (``model_parallel.tensor_parallel``, Week 4): what lives inside
+    Split over t ranks (``tensor_parallel.tp_model``, Week 4): what lives inside
     a split region is divided by t (q, k, v, the attention output, the FFN's 2bsi, the
     vocabulary's softmax); the norms' inputs and outputs are not. With sequence
     parallelism the norms' inputs and statistics are divided by t too, while each

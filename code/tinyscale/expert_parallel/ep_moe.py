@@ -1,7 +1,7 @@
 # --8<-- [start:header]
 """Expert parallelism from scratch: each rank holds E/ep experts; tokens travel to them.
 
-Try it:  python -c "from tinyscale.model_parallel.expert_parallel import demo; demo()"
+Try it:  python -c "from tinyscale.expert_parallel.ep_moe import demo; demo()"
 
 Every rank routes its own tokens (the router is replicated, like the attention layers),
 sends each token to the rank that holds its expert with one all-to-all, runs its local
@@ -19,8 +19,8 @@ from tinyscale.comm.counter import CollectiveCounter
 from tinyscale.comm.dist import require_process_group
 from tinyscale.core.errors import UsageError
 from tinyscale.core.parity import largest_difference
-from tinyscale.model_parallel.moe import MoE, RoutedLayer, combine
-from tinyscale.model_parallel.moe_routing import MoEConfig, capacity, dispatch
+from tinyscale.expert_parallel.moe import MoE, RoutedLayer, combine
+from tinyscale.expert_parallel.moe_routing import MoEConfig, capacity, dispatch
 
 # --8<-- [end:header]
 

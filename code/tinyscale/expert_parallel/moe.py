@@ -1,7 +1,7 @@
 # --8<-- [start:header]
 """A mixture-of-experts layer from scratch, and the course model with one in every block.
 
-Try it:  python -c "from tinyscale.model_parallel.moe import demo; demo()"
+Try it:  python -c "from tinyscale.expert_parallel.moe import demo; demo()"
 
 Each block's FFN becomes E smaller FFNs (the experts) and a router. A token runs through
 its k experts only, so the model holds about E/k times the FFN parameters of the dense
@@ -14,7 +14,7 @@ from torch import nn
 
 from tinyscale.core.config import ModelConfig
 from tinyscale.core.model import TinyTransformer
-from tinyscale.model_parallel.moe_routing import (
+from tinyscale.expert_parallel.moe_routing import (
     Dispatch,
     MoEConfig,
     Router,

@@ -1,7 +1,7 @@
 # --8<-- [start:header]
 """Train the course model dense and as a mixture of experts, on the same data, and compare.
 
-Launch:  python -m tinyscale.model_parallel.moe_compare --steps 60 --variants dense moe
+Launch:  python -m tinyscale.expert_parallel.moe_compare --steps 60 --variants dense moe
 
 Variants: "dense" is the course model; "dense-wide" widens its FFN until it holds as many
 parameters as the MoE; "moe", "moe-bias" and "moe-none" put 8 experts (top 1, each as
@@ -23,8 +23,8 @@ from tinyscale.core.data import LMData, build_datasets, get_batch
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.model import TinyTransformer
 from tinyscale.core.training import seed_everything
-from tinyscale.model_parallel.moe import convert_to_moe, moe_layers, moe_loss, parameter_counts
-from tinyscale.model_parallel.moe_routing import MoEConfig
+from tinyscale.expert_parallel.moe import convert_to_moe, moe_layers, moe_loss, parameter_counts
+from tinyscale.expert_parallel.moe_routing import MoEConfig
 
 BALANCING = {"moe": "aux", "moe-bias": "bias", "moe-none": "none"}
 VARIANTS = ("dense", "dense-wide", *BALANCING)

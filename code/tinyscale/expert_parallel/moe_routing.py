@@ -1,7 +1,7 @@
 # --8<-- [start:header]
 """Routing for a mixture of experts: which expert sees which token, and how to keep it fair.
 
-Try it:  python -c "from tinyscale.model_parallel.moe_routing import demo; demo()"
+Try it:  python -c "from tinyscale.expert_parallel.moe_routing import demo; demo()"
 
 A router scores every token against E experts and sends it to its top k. Three ways keep
 the load fair (``MoEConfig.balance``): an auxiliary loss (Switch Transformer, Fedus et al.

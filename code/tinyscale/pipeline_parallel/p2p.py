@@ -1,7 +1,7 @@
 # --8<-- [start:header]
 """Point-to-point messages between pipeline stages: activations forward, gradients back.
 
-Try it:  python -c "from tinyscale.model_parallel.p2p import demo; demo()"
+Try it:  python -c "from tinyscale.pipeline_parallel.p2p import demo; demo()"
 
 Neighbouring stages exchange one (B/m, T, C) tensor per micro-batch each way. Every
 micro-batch has the same shape, known from the config, so both sides agree on it up front

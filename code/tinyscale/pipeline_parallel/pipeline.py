@@ -1,16 +1,16 @@
 # --8<-- [start:header]
 """A pipeline-parallel runtime from scratch: run a schedule's actions on this rank's stages.
 
-Try it:  python -c "from tinyscale.model_parallel.pipeline import demo; demo()"
+Try it:  python -c "from tinyscale.pipeline_parallel.pipeline import demo; demo()"
 
 Every rank builds the same TinyTransformer (same seed), cuts it into p·v stages with
 ``cut_into_stages`` and keeps its own: chunk c of rank r is stage c·p + r. A step splits
 the batch into m micro-batches and runs the rank's action list from
-tinyscale.model_parallel.schedules: F receives an activation (or reads token ids), runs
+tinyscale.pipeline_parallel.schedules: F receives an activation (or reads token ids), runs
 the stage and sends its output on; B receives the output's gradient, back-propagates and
 sends the input's gradient back. Each micro-batch's loss is divided by m, so the gradients
 that accumulate are those of the mean loss: one process on the whole batch gets the same.
-Only core torch.distributed: isend / irecv (tinyscale.model_parallel.p2p) and all_reduce.
+Only core torch.distributed: isend / irecv (tinyscale.pipeline_parallel.p2p) and all_reduce.
 """
 
 import copy
@@ -31,8 +31,8 @@ from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import ModelStage, TinyTransformer, cut_into_stages
 from tinyscale.core.parity import largest_difference
-from tinyscale.model_parallel.p2p import ACTIVATION, GRADIENT, StageLink
-from tinyscale.model_parallel.schedules import Action, Timed, make_schedule, stage_of
+from tinyscale.pipeline_parallel.p2p import ACTIVATION, GRADIENT, StageLink
+from tinyscale.pipeline_parallel.schedules import Action, Timed, make_schedule, stage_of
 
 # --8<-- [end:header]
 

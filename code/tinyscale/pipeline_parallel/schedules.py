@@ -1,12 +1,12 @@
 # --8<-- [start:header]
 """Pipeline schedules as data: what each rank does, in which order, and how long it waits.
 
-Try it:  python -c "from tinyscale.model_parallel.schedules import demo; demo()"
+Try it:  python -c "from tinyscale.pipeline_parallel.schedules import demo; demo()"
 
 A schedule is, per rank, an ordered list of actions: F (forward), B (backward) and, for
 zero-bubble schedules, W (the weight-gradient half of a backward), each of one
 micro-batch on one of the rank's model chunks. The same lists drive the event simulator
-below and the real runtime (tinyscale.model_parallel.pipeline). The schedules:
+below and the real runtime (tinyscale.pipeline_parallel.pipeline). The schedules:
 
     naive        one micro-batch at a time through all stages (no pipelining)
     gpipe        all forwards, then all backwards    (Huang et al. 2019, arXiv:1811.06965)

@@ -1,10 +1,10 @@
 # --8<-- [start:header]
 """Our pipeline stages through torch.distributed.pipelining, proven equal to one process.
 
-    python -m tinyscale.model_parallel.torch_pipeline                  # 4 schedules, p = 2
-    python -m tinyscale.model_parallel.torch_pipeline --world-size 4   # the same at p = 4
+    python -m tinyscale.pipeline_parallel.torch_pipeline                  # 4 schedules, p = 2
+    python -m tinyscale.pipeline_parallel.torch_pipeline --world-size 4   # the same at p = 4
 
-The from-scratch lesson (tinyscale.model_parallel.pipeline) moved activations with
+The from-scratch lesson (tinyscale.pipeline_parallel.pipeline) moved activations with
 send/recv and ordered forwards and backwards by hand. PyTorch's version keeps the same
 three pieces: a ``PipelineStage`` wraps one of our ``ModelStage``s and owns its sends and
 receives; a schedule (GPipe, 1F1B, interleaved 1F1B, zero-bubble V) orders the micro-
@@ -32,7 +32,7 @@ from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError, run_cli
 from tinyscale.core.model import ModelStage, TinyTransformer, cut_into_stages
 from tinyscale.core.parity import largest_difference
-from tinyscale.model_parallel.pipeline import split_layers
+from tinyscale.pipeline_parallel.pipeline import split_layers
 
 # --8<-- [end:header]
 

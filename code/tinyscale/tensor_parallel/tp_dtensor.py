@@ -1,9 +1,9 @@
 # --8<-- [start:header]
 """The same split with PyTorch's DTensor: parallelize_module on the course model.
 
-Try it:  python -c "from tinyscale.model_parallel.tp_dtensor import demo; demo()"
+Try it:  python -c "from tinyscale.tensor_parallel.tp_dtensor import demo; demo()"
 
-Once tensor_parallel.py has built column- and row-parallel layers, PyTorch's own are fair
+Once tp_model.py has built column- and row-parallel layers, PyTorch's own are fair
 game. A plan names each module and its style; parallelize_module turns the module's
 weights into DTensors (each rank holds a shard and knows the whole shape) and wraps its
 inputs and outputs in the redistributions a style implies. ColwiseParallel is our
@@ -31,7 +31,7 @@ from tinyscale.comm.parallel_layout import ParallelLayout
 from tinyscale.core.config import ModelConfig, preset
 from tinyscale.core.model import TinyTransformer, qkv_rows
 from tinyscale.core.parity import largest_difference
-from tinyscale.model_parallel.tensor_parallel import check_tensor_parallel_size
+from tinyscale.tensor_parallel.tp_model import check_tensor_parallel_size
 
 # --8<-- [end:header]
 

@@ -1,7 +1,7 @@
 # --8<-- [start:header]
 """Tensor parallelism from scratch: every weight matrix of the course model split over t ranks.
 
-Try it:  python -c "from tinyscale.model_parallel.tensor_parallel import demo; demo()"
+Try it:  python -c "from tinyscale.tensor_parallel.tp_model import demo; demo()"
 
 Megatron-LM's recipe (Shoeybi et al. 2019): in each block, the first linear layer of
 attention (qkv) and of the FFN (up) is split by output features, *column-parallel*; the
@@ -21,7 +21,7 @@ from tinyscale.comm.dist import in_one_call, require_process_group
 from tinyscale.core.config import ModelConfig
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import TinyTransformer, head_channels, qkv_rows
-from tinyscale.model_parallel.tp_ops import (
+from tinyscale.tensor_parallel.tp_ops import (
     Group,
     copy_to_region,
     gather_sequence,
@@ -29,7 +29,7 @@ from tinyscale.model_parallel.tp_ops import (
     scatter_sequence,
     split_sequence,
 )
-from tinyscale.model_parallel.vocab_parallel import (
+from tinyscale.tensor_parallel.vocab_parallel import (
     VocabParallelEmbedding,
     vocab_parallel_cross_entropy,
 )

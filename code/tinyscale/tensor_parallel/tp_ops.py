@@ -1,7 +1,7 @@
 # --8<-- [start:header]
 """The communication of tensor parallelism: two pairs of conjugate autograd operators.
 
-Try it:  python -c "from tinyscale.model_parallel.tp_ops import demo; demo()"
+Try it:  python -c "from tinyscale.tensor_parallel.tp_ops import demo; demo()"
 
 Megatron-LM (Shoeybi et al. 2019, §3) splits a layer's weights over t ranks and needs
 only two operators around each split region, each the other's conjugate:

@@ -1,7 +1,7 @@
 # --8<-- [start:header]
 """Tensor parallelism proven and measured: one process's numbers, and the collectives counted.
 
-Try it:  python -c "from tinyscale.model_parallel.tp_parity import demo; demo()"
+Try it:  python -c "from tinyscale.tensor_parallel.tp_parity import demo; demo()"
 
 On every rank the whole model is built from one seed (the reference, one process's
 computation) and a copy of it is split with TensorParallelTransformer. Both train on the
@@ -21,7 +21,7 @@ from tinyscale.core.config import ModelConfig, preset
 from tinyscale.core.memory import activation_bytes
 from tinyscale.core.model import TinyTransformer
 from tinyscale.core.parity import largest_difference
-from tinyscale.model_parallel.tensor_parallel import TensorParallelTransformer
+from tinyscale.tensor_parallel.tp_model import TensorParallelTransformer
 
 # --8<-- [end:header]
 

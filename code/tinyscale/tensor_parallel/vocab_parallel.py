@@ -1,7 +1,7 @@
 # --8<-- [start:header]
 """The embedding and the loss split by vocabulary: no rank ever holds a (B, T, V) tensor.
 
-Try it:  python -c "from tinyscale.model_parallel.vocab_parallel import demo; demo()"
+Try it:  python -c "from tinyscale.tensor_parallel.vocab_parallel import demo; demo()"
 
 The embedding table and the head's weight are (V, C). Split over t ranks by rows, rank r
 holds the tokens [r·V/t, (r+1)·V/t). The embedding looks up the tokens it holds and
@@ -18,7 +18,7 @@ from torch import nn
 from torch.autograd.function import FunctionCtx
 
 from tinyscale.core.parity import largest_difference
-from tinyscale.model_parallel.tp_ops import Group, reduce_from_region
+from tinyscale.tensor_parallel.tp_ops import Group, reduce_from_region
 
 # --8<-- [end:header]
 

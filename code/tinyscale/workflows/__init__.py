@@ -2,7 +2,8 @@
 """tinyscale.workflows: the practical workflows around training, from the data to the report.
 
 The Practical workflows pages teach these. They may import core, comm, data_parallel,
-model_parallel and low_precision; ops may import them.
+pipeline_parallel, tensor_parallel, expert_parallel and low_precision; ops may import
+them.
 
     module          taught on
     shards          workflows/data-at-scale.md

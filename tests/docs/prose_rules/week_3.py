@@ -6,7 +6,7 @@ Read by tools/prose_numbers.py; the format and the rules are in tests/docs/prose
 PROSE_RULES: dict[str, list[tuple[str, str]]] = {
     "week-3/pipeline-from-scratch.md": [
         # fp32's bytes per value, the constant of the traffic formula that
-        # tests/tinyscale/model_parallel/test_pipeline.py checks against the counted bytes
+        # tests/tinyscale/pipeline_parallel/test_pipeline.py checks against the counted bytes
         ("2 × (B/m) × T × C × 4 bytes (fp32) per micro-batch", "definition"),
         ("one all-reduce of V × C × 4 bytes", "definition"),
     ],

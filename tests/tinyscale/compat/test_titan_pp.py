@@ -18,7 +18,7 @@ pytest.importorskip("torchtitan", reason="torchtitan is in the cluster extra: ma
 
 # torchtitan's modules are imported in the tests that use them, not here: importing them
 # costs seconds of CPU, and every pytest worker imports this file to collect it.
-from tinyscale.model_parallel.torch_pipeline import stage_placement
+from tinyscale.pipeline_parallel.torch_pipeline import stage_placement
 
 PAGE = "week-3/pipeline-torchtitan.md"
 TORCH_NAMES = {"1F1B": "1f1b", "Interleaved1F1B": "interleaved", "ZBVZeroBubble": "zbv"}

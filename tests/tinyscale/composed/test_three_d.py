@@ -28,8 +28,8 @@ from tinyscale.composed.three_d import (
 from tinyscale.composed.two_d import tensor_step_bytes
 from tinyscale.core.config import preset
 from tinyscale.data_parallel.memory_calculator import activation_bytes_estimate
-from tinyscale.model_parallel.pipeline import split_layers
-from tinyscale.model_parallel.tensor_parallel import parameters_per_rank
+from tinyscale.pipeline_parallel.pipeline import split_layers
+from tinyscale.tensor_parallel.tp_model import parameters_per_rank
 
 PAGE = "week-4/parallelism-2d-3d.md"
 LOSS_TOLERANCE = 1e-6  # measured: 4.8e-7, 0 and 9.5e-7 (one and two float32 spacings at 5.5)

@@ -20,7 +20,7 @@ from tinyscale.data_parallel.memory_calculator import (
     zero_state_bytes,
     zero_step_bytes,
 )
-from tinyscale.model_parallel.tensor_parallel import parameters_per_rank
+from tinyscale.tensor_parallel.tp_model import parameters_per_rank
 
 PAGE = "week-4/parallelism-2d-3d.md"
 WEIGHT_TOLERANCE = 1e-3  # Adam after 3 steps, as in test_tensor_parallel.py (measured 3.6e-5)

@@ -1,4 +1,4 @@
-"""tinyscale.model_parallel.expert_parallel on gloo: EP = 4, dropless and with a capacity
+"""tinyscale.expert_parallel.ep_moe on gloo: EP = 4, dropless and with a capacity
 that drops, against one process, and the bytes its all-to-alls are handed against the formula.
 
 One run_on_ranks launch. Each rank runs ``parity`` twice (docs/week-3/moe.md shows it with
@@ -17,9 +17,9 @@ import pytest
 from helpers import one_line_error
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.errors import UsageError
-from tinyscale.model_parallel.expert_parallel import ExpertParallelMoE, parity
-from tinyscale.model_parallel.moe import MoE
-from tinyscale.model_parallel.moe_routing import MoEConfig
+from tinyscale.expert_parallel.ep_moe import ExpertParallelMoE, parity
+from tinyscale.expert_parallel.moe import MoE
+from tinyscale.expert_parallel.moe_routing import MoEConfig
 
 ROUTER_TOLERANCE = 1e-6  # an all-reduce of 4 partial sums adds in another order (1.5e-8)
 

@@ -1,4 +1,4 @@
-"""tinyscale.model_parallel.moe: the layer against the obvious per-token loop, one expert
+"""tinyscale.expert_parallel.moe: the layer against the obvious per-token loop, one expert
 against the course's own FFN, and the parameter counts against their formula."""
 
 import pytest
@@ -8,14 +8,14 @@ import torch.nn.functional as F
 from helpers import prose, said
 from tinyscale.core.config import ModelConfig
 from tinyscale.core.model import FeedForward, TinyTransformer
-from tinyscale.model_parallel.moe import (
+from tinyscale.expert_parallel.moe import (
     MoE,
     convert_to_moe,
     moe_layers,
     moe_loss,
     parameter_counts,
 )
-from tinyscale.model_parallel.moe_routing import MoEConfig, capacity
+from tinyscale.expert_parallel.moe_routing import MoEConfig, capacity
 
 SAME_SUMS_REORDERED = 1e-6  # the loop and the layer add the same terms in another order
 

@@ -1,4 +1,4 @@
-"""tinyscale.model_parallel.moe_compare: bad input is one line before any training; the
+"""tinyscale.expert_parallel.moe_compare: bad input is one line before any training; the
 FLOP count and the drop rates measure what they say. (Its training runs are checked
 against the recorded curves in tests/docs/test_generated_week3_moe.py.)"""
 
@@ -7,9 +7,9 @@ import torch
 
 from helpers import one_line_error
 from tinyscale.core.data import build_datasets
-from tinyscale.model_parallel.moe import moe_layers
-from tinyscale.model_parallel.moe_compare import build, drop_rates, main, step_flops
-from tinyscale.model_parallel.moe_routing import MoEConfig
+from tinyscale.expert_parallel.moe import moe_layers
+from tinyscale.expert_parallel.moe_compare import build, drop_rates, main, step_flops
+from tinyscale.expert_parallel.moe_routing import MoEConfig
 
 
 @pytest.mark.parametrize(("argv", "message"), [

@@ -1,4 +1,4 @@
-"""tinyscale.model_parallel.moe_routing: the router, its losses, capacity and dispatch.
+"""tinyscale.expert_parallel.moe_routing: the router, its losses, capacity and dispatch.
 
 - capacity is ceil(k*T/E * factor), and dispatch keeps exactly min(load, C) assignments
   per expert, the earliest tokens first;
@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from tinyscale.core.errors import UsageError
-from tinyscale.model_parallel.moe import MoE
-from tinyscale.model_parallel.moe_routing import (
+from tinyscale.expert_parallel.moe import MoE
+from tinyscale.expert_parallel.moe_routing import (
     MoEConfig,
     Router,
     capacity,

@@ -1,4 +1,4 @@
-"""The pipeline runtime (tinyscale.model_parallel.pipeline, .p2p) against one process, on gloo.
+"""The pipeline runtime (tinyscale.pipeline_parallel.pipeline, .p2p) against one process, on gloo.
 
 One run_on_ranks launch per pipeline degree (p = 2 and 4) runs every schedule for
 m = 1, 2, 4, 8 (interleaved: the m that are multiples of p, with v = 2) and returns facts;
@@ -26,14 +26,14 @@ from helpers import ROOT, assert_timing, one_line_error, prose, said
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError
-from tinyscale.model_parallel.p2p import ACTIVATION, StageLink, missing_peer
-from tinyscale.model_parallel.pipeline import (
+from tinyscale.pipeline_parallel.p2p import ACTIVATION, StageLink, missing_peer
+from tinyscale.pipeline_parallel.pipeline import (
     PipelineConfig,
     check_pipeline,
     compare_with_one_process,
     split_layers,
 )
-from tinyscale.model_parallel.schedules import (
+from tinyscale.pipeline_parallel.schedules import (
     SCHEDULES,
     bubble,
     bubble_fraction,

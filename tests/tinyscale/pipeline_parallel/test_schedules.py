@@ -1,4 +1,4 @@
-"""Pipeline schedules as data (tinyscale.model_parallel.schedules): the event simulator
+"""Pipeline schedules as data (tinyscale.pipeline_parallel.schedules): the event simulator
 reproduces the bubble formulas exactly (Fractions), and the action lists give the peak
 micro-batches in flight that the page teaches. In-process, no ranks: a second at most.
 """
@@ -10,7 +10,7 @@ from fractions import Fraction
 import pytest
 
 from helpers import fails_when_changed, one_line_error, prose, said
-from tinyscale.model_parallel.schedules import (
+from tinyscale.pipeline_parallel.schedules import (
     SCHEDULES,
     Action,
     bubble,

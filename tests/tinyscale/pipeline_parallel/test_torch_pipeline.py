@@ -1,4 +1,4 @@
-"""torch.distributed.pipelining on our stages (tinyscale.model_parallel.torch_pipeline).
+"""torch.distributed.pipelining on our stages (tinyscale.pipeline_parallel.torch_pipeline).
 
 One step of each schedule gives the gradients of one process on the same batch, within
 PARITY_TOLERANCE: at p = 2 the page's recorded table says so (CI re-runs it), at p = 4
@@ -19,8 +19,8 @@ from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.config import preset
 from tinyscale.core.errors import run_cli
 from tinyscale.core.model import TinyTransformer, cut_into_stages
-from tinyscale.model_parallel.pipeline import split_layers
-from tinyscale.model_parallel.torch_pipeline import (
+from tinyscale.pipeline_parallel.pipeline import split_layers
+from tinyscale.pipeline_parallel.torch_pipeline import (
     SCHEDULES,
     build_schedule,
     check_schedule,
@@ -34,7 +34,7 @@ from tinyscale.model_parallel.torch_pipeline import (
 )
 
 PARITY_TOLERANCE = 1e-6  # fp32: the micro-batches' gradients summed in another order
-DEMO = "python -m tinyscale.model_parallel.torch_pipeline"
+DEMO = "python -m tinyscale.pipeline_parallel.torch_pipeline"
 
 
 def test_recorded_table_all_four_schedules_equal_one_process() -> None:
@@ -55,7 +55,7 @@ def ours_vs_torch(microbatches: int = 4, layers: int = 8) -> dict[str, float]:
 
     Returns, per schedule both have, the largest |our gradient - torch's| over all ranks.
     """
-    from tinyscale.model_parallel.pipeline import Pipeline, PipelineConfig
+    from tinyscale.pipeline_parallel.pipeline import Pipeline, PipelineConfig
 
     rank, pp = dist.get_rank(), dist.get_world_size()
     out = {}

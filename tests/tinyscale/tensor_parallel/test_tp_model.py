@@ -1,4 +1,4 @@
-"""Tensor parallelism from scratch (tp_ops, vocab_parallel, tensor_parallel, tp_parity) and
+"""Tensor parallelism from scratch (tp_ops, vocab_parallel, tp_model, tp_parity) and
 with DTensor (tp_dtensor), on 4 gloo ranks; docs/week-4/tensor-parallel-from-scratch.md runs
 the same demos at t = 2 and CI compares their output.
 
@@ -25,8 +25,8 @@ from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel.memory_calculator import activation_bytes_estimate
-from tinyscale.model_parallel import tp_dtensor, tp_ops, tp_parity, vocab_parallel
-from tinyscale.model_parallel.tensor_parallel import (
+from tinyscale.tensor_parallel import tp_dtensor, tp_ops, tp_parity, vocab_parallel
+from tinyscale.tensor_parallel.tp_model import (
     TensorParallelTransformer,
     check_tensor_parallel_size,
     parameters_per_rank,
