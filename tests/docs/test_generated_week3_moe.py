@@ -111,7 +111,7 @@ def test_self_check_a_changed_balance_number_fails(old: str, new: str) -> None:
 
 def test_the_pages_parameter_claims_hold_for_its_demo() -> None:
     text = prose("week-3/moe.md")
-    rows = recorded_output("week-3/moe.md", "moe import demo")
+    rows = recorded_output("week-3/moe.md", "expert_parallel.moe import demo")
     found = (re.search(r"([\d,]+) parameters,\s+([\d,]+) used per token", line) for line in rows)
     counts = [[int(n.replace(",", "")) for n in match.groups()] for match in found if match]
     (dense, _), (top1, top1_used), _ = counts
