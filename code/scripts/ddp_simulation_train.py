@@ -24,30 +24,20 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel
 
-from tinyscale.comm.dist import (
-    DistEnv,
-    device_for,
-    dist_env,
-    distributed,
-    exit_without_teardown,
-    rank_logger,
-    rank_spread,
-)
+from tinyscale.comm.dist import distributed, exit_without_teardown, rank_logger, rank_spread
+from tinyscale.comm.job import Job, check_job, check_steps_left, run_job
 from tinyscale.core.checkpoint import (
     checkpoint_name,
-    latest_checkpoint,
     load_checkpoint,
     remove_stale_temps,
     restore_training_state,
     training_state,
 )
 from tinyscale.core.cli import add_flags, from_args
-from tinyscale.core.config import ModelConfig, load_model_config
 from tinyscale.core.data import LMData, get_batch
-from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
+from tinyscale.core.errors import ArgumentParser, UsageError
 from tinyscale.core.metrics import Mirror
 from tinyscale.core.model import TinyTransformer
 from tinyscale.core.precision import autocast_context, make_scaler
@@ -93,15 +83,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 # --8<-- [start:check]
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Run:
-    """Everything checked before joining the process group."""
+class Run(Job):
+    """The job (env, device, model_cfg, cfg, checkpoint) and what Lab 2 checks besides."""
 
-    env: DistEnv
-    device: torch.device
-    model_cfg: ModelConfig
-    cfg: TrainConfig
     split: BatchSplit
-    resume: dict[str, Any] | None
+    resume: dict[str, Any] | None  # the checkpoint, loaded
     args: argparse.Namespace
 
 
@@ -111,10 +97,9 @@ def check_inputs(args: argparse.Namespace) -> Run:
     Under torchrun every rank runs these checks and fails the same way, so no rank is
     left waiting for a peer that will never come.
     """
-    cfg = args.cfg
-    env = dist_env()  # no RANK/WORLD_SIZE, MASTER_ADDR or MASTER_PORT: a one-line error
-    device = device_for(env, cfg.device)
-    autocast_context(device, cfg.precision)  # fp16 on a CPU: a one-line error
+    job = check_job(args.cfg)  # the launcher's environment, device, folders, model, --resume
+    cfg, env = job.cfg, job.env
+    autocast_context(job.device, cfg.precision)  # fp16 on a CPU: a one-line error
     for flag in ("fail", "hang"):
         rank, step = getattr(args, f"{flag}_rank"), getattr(args, f"{flag}_step")
         if (rank is None) != (step is None):
@@ -125,23 +110,16 @@ def check_inputs(args: argparse.Namespace) -> Run:
             )
     if args.wandb_every_rank and cfg.wandb is None:
         raise UsageError("--wandb-every-rank needs --wandb offline or --wandb online")
-    split = BatchSplit(
-        global_batch_size=cfg.global_batch_size,
-        grad_accum_steps=cfg.grad_accum_steps,
-        world_size=env.world_size,
-    )
-    model_cfg = load_model_config(cfg.config)
-    ckpt_dir = Path(cfg.output_dir, "checkpoints")
-    path = latest_checkpoint(ckpt_dir) if cfg.resume == "auto" else cfg.resume
-    resume = load_checkpoint(path, expect=model_cfg) if path else None
+    split = BatchSplit(global_batch_size=cfg.global_batch_size,
+                       grad_accum_steps=cfg.grad_accum_steps, world_size=env.world_size)  # fmt: skip
+    path = job.checkpoint
+    resume = load_checkpoint(path, expect=job.model_cfg) if path else None
     if resume is not None and resume["world_size"] != env.world_size:
         raise UsageError(
             f"checkpoint {path} was written by {resume['world_size']} ranks, this run has "
             f"{env.world_size}: relaunch with --nproc_per_node={resume['world_size']}"
         )
-    return Run(
-        env=env, device=device, model_cfg=model_cfg, cfg=cfg, split=split, resume=resume, args=args
-    )
+    return Run(**vars(job), split=split, resume=resume, args=args)
 
 
 # --8<-- [end:check]
@@ -245,14 +223,8 @@ def train(run: Run, data: LMData, tracker: Mirror | None = None) -> dict[str, An
             )  # after the backward passes, p.grad is the same on every rank: their average
             loss = result.loss  # this rank's: the mean over its micro-batches
             step += 1
-            stats = StepStats(
-                step=step,
-                loss=loss,
-                samples=len(indices),
-                tokens=x.numel(),
-                seconds=time.perf_counter() - t0,
-                inputs=x,
-            )
+            stats = StepStats(step=step, loss=loss, samples=len(indices), tokens=x.numel(),
+                              seconds=time.perf_counter() - t0, inputs=x)  # fmt: skip
             tokens_seen, seconds = tokens_seen + stats.tokens, seconds + stats.seconds
             own_losses.append(loss)
             global_loss = torch.tensor([loss], dtype=torch.float64, device=device)
@@ -290,19 +262,14 @@ def train(run: Run, data: LMData, tracker: Mirror | None = None) -> dict[str, An
         for r, t in enumerate(every)
     ]
     summary = {
-        "world_size": env.world_size,
-        "steps": step,
-        "global_batch_size": split.global_batch_size,
-        "micro_batch_size": split.micro_batch_size,
-        "grad_accum_steps": split.grad_accum_steps,
-        "final_loss": last_global,
-        "heldout_loss": heldout,
+        "world_size": env.world_size, "steps": step, "global_batch_size": split.global_batch_size,
+        "micro_batch_size": split.micro_batch_size, "grad_accum_steps": split.grad_accum_steps,
+        "final_loss": last_global, "heldout_loss": heldout,
         # the slowest rank sets the pace: every step waits for it in the all-reduce
-        "tokens_per_second": tokens_per_second(
-            sum(r["tokens"] for r in per_rank), max(r["seconds"] for r in per_rank)
-        ),
+        "tokens_per_second": tokens_per_second(sum(r["tokens"] for r in per_rank),
+                                               max(r["seconds"] for r in per_rank)),
         "per_rank": per_rank,
-    }
+    }  # fmt: skip
     if env.is_main:
         for r in per_rank:
             log.info(
@@ -329,13 +296,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         block_size=run.model_cfg.max_position_embeddings,
     )
     sampler = make_sampler(data.train, run.env, run.split, seed=run.cfg.seed)  # enough data?
-    if (
-        run.resume is not None
-        and run.resume["step"] >= rank_step_plan(sampler, run.split, run.cfg).stop_at
-    ):
-        raise UsageError(
-            f"the checkpoint is at step {run.resume['step']}, the end of this run: raise --epochs"
-        )
+    if run.resume is not None:  # and steps left to train?
+        check_steps_left(run.resume["step"], rank_step_plan(sampler, run.split, run.cfg).stop_at)
     setup = wandb_setup(run.cfg.wandb, run.cfg.output_dir, rank=run.env.rank,
                         every_rank=run.args.wandb_every_rank)  # fmt: skip
     config = dataclasses.asdict(run.cfg) | {"rank": run.env.rank, "world_size": run.env.world_size}
@@ -347,11 +309,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-@record  # an uncaught exception's traceback goes to TORCHELASTIC_ERROR_FILE, for torchrun
-def cli() -> int:
-    return run_cli(main)  # bad input: one line on stderr and exit code 2, no traceback
-
-
-if __name__ == "__main__":
-    exit_without_teardown(cli())  # a finished run must not die in the teardown
+if __name__ == "__main__":  # run_job: @record around run_cli, for torchrun's report
+    exit_without_teardown(run_job(main))  # a finished run must not die in the teardown
 # --8<-- [end:main]

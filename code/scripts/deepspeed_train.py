@@ -30,7 +30,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tinyscale.comm.dist import DistEnv, device_for, dist_env, distributed, rank_logger
+from tinyscale.comm.dist import dist_env, distributed, rank_logger
+from tinyscale.comm.job import Job, check_job, check_steps_left
+from tinyscale.compat.deepspeed_checkpoint import (
+    check_resume,
+    latest_tag,
+    load_deepspeed,
+    save_deepspeed,
+)
 from tinyscale.compat.deepspeed_config import (
     batch_sizes,
     load_ds_config,
@@ -40,9 +47,7 @@ from tinyscale.compat.deepspeed_config import (
     zero_stage,
 )
 from tinyscale.compat.deepspeed_costs import engine_state_bytes
-from tinyscale.core.checkpoint import checkpoint_name, restore_rng
 from tinyscale.core.cli import add_flags, from_args
-from tinyscale.core.config import ModelConfig, load_model_config
 from tinyscale.core.data import LMData, build_datasets, get_batch
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.memory import human_bytes
@@ -56,15 +61,11 @@ from tinyscale.core.training import (
 )
 from tinyscale.data_parallel.ddp_training import (
     BatchSplit,
-    gather_rng_states,
     make_sampler,
     rank_batches,
     rank_step_plan,
     tokens_per_second,
 )
-
-SIDECAR = "tinyscale.json"  # beside DeepSpeed's files in every checkpoint: what wrote it
-
 
 # Lab 2's flags and defaults; the batch and the clipping come from the DeepSpeed JSON
 DEFAULTS = TrainConfig(epochs=1, checkpoint_every=50, precision=None, output_dir="runs/deepspeed",
@@ -92,17 +93,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 # --8<-- [start:check]
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Run:
-    """Everything checked before joining the process group."""
+class Run(Job):
+    """The job (env, device, model_cfg, cfg, checkpoint) and what DeepSpeed adds."""
 
-    env: DistEnv
-    device: torch.device
-    model_cfg: ModelConfig
-    cfg: TrainConfig
     ds_config: dict[str, Any]
     split: BatchSplit
-    resume: Path | None  # a checkpoint folder (a DeepSpeed "tag")
-    resume_step: int  # its step, 0 without one
+    resume_step: int  # the checkpoint's step, 0 without one
     args: argparse.Namespace
 
 
@@ -114,58 +110,17 @@ def check_inputs(args: argparse.Namespace) -> Run:
     # the JSON's batch is the run's: Lab 2's schedule and data order follow from it
     cfg = from_args(DEFAULTS, args)
     cfg = dataclasses.replace(cfg, global_batch_size=global_batch, grad_accum_steps=accum)
-    device = device_for(env, cfg.device)
-    if precision_of(ds_config) == "fp16" and device.type == "cpu":
+    job = check_job(cfg, env=env, dropout=args.dropout, newest=latest_tag)
+    if precision_of(ds_config) == "fp16" and job.device.type == "cpu":
         raise UsageError("fp16 training needs a GPU: on a CPU use --precision bf16 or fp32")
-    model_cfg = load_model_config(cfg.config)
-    if args.dropout is not None:
-        if not 0 <= args.dropout < 1:
-            raise UsageError(f"--dropout must be in [0, 1), got {args.dropout}")
-        model_cfg = dataclasses.replace(model_cfg, dropout=args.dropout)
     split = BatchSplit(
         global_batch_size=global_batch, grad_accum_steps=accum, world_size=env.world_size
     )
     assert split.micro_batch_size == micro
-    resume = find_resume(cfg.resume, cfg.output_dir, env, ds_config)
-    return Run(
-        env=env,
-        device=device,
-        model_cfg=model_cfg,
-        cfg=cfg,
-        ds_config=ds_config,
-        split=split,
-        resume=resume,
-        resume_step=json.loads((resume / SIDECAR).read_text())["step"] if resume else 0,
-        args=args,
-    )
-
-
-def find_resume(
-    resume: str | None, output_dir: str, env: DistEnv, ds_config: dict[str, Any]
-) -> Path | None:
-    """The checkpoint folder to load, after checking it was written by a run like this one."""
-    if resume is None:
-        return None
-    if resume == "auto":
-        latest = Path(output_dir, "checkpoints", "latest")  # DeepSpeed writes it last
-        if not latest.is_file():
-            return None  # nothing saved yet: start from scratch
-        folder = latest.parent / latest.read_text().strip()
-    else:
-        folder = Path(resume)
-    if not (folder / SIDECAR).is_file():
-        raise UsageError(
-            f"{folder} is not a checkpoint of this script (no {SIDECAR}): pass a folder like "
-            f"{output_dir}/checkpoints/step_000050, or --resume auto"
-        )
-    saved = json.loads((folder / SIDECAR).read_text())
-    if saved["world_size"] != env.world_size or saved["zero_stage"] != zero_stage(ds_config):
-        raise UsageError(
-            f"{folder} holds ZeRO-{saved['zero_stage']} shards of {saved['world_size']} ranks, "
-            f"this run is ZeRO-{zero_stage(ds_config)} on {env.world_size}: relaunch with "
-            f"{saved['world_size']} processes and a ZeRO-{saved['zero_stage']} config"
-        )
-    return folder
+    saved = check_resume(job.checkpoint, output_dir=cfg.output_dir, world_size=env.world_size,
+                         ds_config=ds_config)  # fmt: skip
+    return Run(**vars(job), ds_config=ds_config, split=split,
+               resume_step=saved["step"] if saved else 0, args=args)  # fmt: skip
 
 
 # --8<-- [end:check]
@@ -208,41 +163,6 @@ def build_engine(run: Run, *, total_steps: int) -> "deepspeed.DeepSpeedEngine": 
 # --8<-- [end:engine]
 
 
-# --8<-- [start:checkpoint]
-def save(engine: Any, run: Run, step: int) -> Path:
-    """Every rank writes its own ZeRO shard; rank 0 also writes the weights and 'latest'."""
-    root = Path(run.cfg.output_dir) / "checkpoints"
-    tag = checkpoint_name(step)
-    client_state = {"step": step, **gather_rng_states(run.device)}  # a collective
-    if run.env.is_main:  # before DeepSpeed's files: 'latest' never names a folder without it
-        (root / tag).mkdir(parents=True, exist_ok=True)
-        sidecar = {
-            "step": step,
-            "world_size": run.env.world_size,
-            "zero_stage": zero_stage(run.ds_config),
-            "precision": precision_of(run.ds_config),
-            "deepspeed_config": run.args.deepspeed_config,
-        }
-        (root / tag / SIDECAR).write_text(json.dumps(sidecar, indent=2))
-    dist.barrier()
-    engine.save_checkpoint(str(root), tag=tag, client_state=client_state)
-    return root / tag
-
-
-def load(engine: Any, run: Run) -> int:
-    """Weights, optimizer shards, lr schedule and this rank's RNG; returns the step."""
-    folder = run.resume
-    assert folder is not None
-    path, client_state = engine.load_checkpoint(str(folder.parent), tag=folder.name)
-    if path is None:
-        raise RuntimeError(f"DeepSpeed could not load {folder}")
-    restore_rng(client_state, device=run.device, rank=run.env.rank)
-    return client_state["step"]
-
-
-# --8<-- [end:checkpoint]
-
-
 # --8<-- [start:loop]
 def train(run: Run, data: LMData) -> dict[str, Any]:
     env, device, cfg, split = run.env, run.device, run.cfg, run.split
@@ -251,9 +171,11 @@ def train(run: Run, data: LMData) -> dict[str, Any]:
     plan = rank_step_plan(sampler, run.split, run.cfg)
     engine = build_engine(run, total_steps=plan.total_steps)
     torch.manual_seed(cfg.seed + 1 + env.rank)  # each rank its own dropout masks, as in Lab 2
-    step = resume_step = load(engine, run) if run.resume is not None else 0
+    step = resume_step = 0
+    if run.checkpoint is not None:  # weights, optimizer shards, lr schedule, this rank's RNG
+        step = resume_step = load_deepspeed(engine, run.checkpoint, device=device)
     if step:
-        log.info(f"resumed from {run.resume} at step {step}")
+        log.info(f"resumed from {run.checkpoint} at step {step}")
     log.info(
         f"DeepSpeed {engine.__class__.__name__} | ZeRO-{zero_stage(run.ds_config)} | "
         f"{precision_of(run.ds_config)} | offload {', '.join(offloads(run.ds_config)) or 'none'}"
@@ -304,7 +226,10 @@ def train(run: Run, data: LMData) -> dict[str, Any]:
             if step % cfg.checkpoint_every == 0 or step == plan.stop_at:
                 if metrics is not None:
                     metrics.flush()
-                log.info(f"saved {save(engine, run, step)}")
+                path = save_deepspeed(engine, Path(cfg.output_dir, "checkpoints"), step=step,
+                                      device=device, ds_config=run.ds_config,
+                                      config_path=run.args.deepspeed_config)  # fmt: skip
+                log.info(f"saved {path}")
             if step == plan.stop_at:
                 break
     # --8<-- [end:loop]
@@ -354,11 +279,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         block_size=run.model_cfg.max_position_embeddings,
     )
     sampler = make_sampler(data.train, run.env, run.split, seed=run.cfg.seed)  # enough data?
-    if run.resume_step >= rank_step_plan(sampler, run.split, run.cfg).stop_at:
-        raise UsageError(
-            f"the checkpoint is at step {run.resume_step}, the end of this run: raise "
-            "--max-steps or --epochs"
-        )
+    stop_at = rank_step_plan(sampler, run.split, run.cfg).stop_at
+    check_steps_left(run.resume_step, stop_at, fix="--max-steps or --epochs")
     with distributed(run.cfg.device, timeout_s=run.cfg.timeout_s), quiet_deepspeed():
         train(run, data)
     return 0

@@ -18,7 +18,6 @@ import dataclasses
 import functools
 import json
 import logging
-import shutil
 import sys
 import time
 import warnings
@@ -27,34 +26,24 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.elastic.multiprocessing.errors import record
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    PrepareModuleInput,
-    RowwiseParallel,
-    SequenceParallel,
-    parallelize_module,
-)
+from torch.distributed.tensor import DTensor
 
-from tinyscale.comm.dist import DistEnv, device_for, dist_env, distributed, rank_logger
+from tinyscale.comm.dist import distributed, rank_logger
+from tinyscale.comm.job import Job, check_job, run_job
 from tinyscale.comm.parallel_layout import ParallelLayout, ParallelMesh, add_layout_flags
-from tinyscale.core.checkpoint import checkpoint_name, latest_checkpoint
+from tinyscale.composed.shape_checkpoint import SHAPE_FILE, load_any_shape, save_any_shape
 from tinyscale.core.cli import add_flags, from_args
-from tinyscale.core.config import ModelConfig, load_model_config
 from tinyscale.core.data import build_datasets, epoch_batches, get_batch
-from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
+from tinyscale.core.errors import ArgumentParser, UsageError
 from tinyscale.core.model import ModelStage, TinyTransformer
+from tinyscale.core.step import train_step
 from tinyscale.core.training import TrainConfig, lr_at, make_optimizer, plan_steps, seed_everything
-from tinyscale.data_parallel.dcp_checkpoint import load_dcp, save_dcp
 from tinyscale.pipeline_parallel.pipeline import split_layers
-from tinyscale.pipeline_parallel.torch_pipeline import microbatch_loss
-from tinyscale.tensor_parallel.tp_dtensor import block_plan, heads_in_rank_order
+from tinyscale.pipeline_parallel.torch_pipeline import clip_sharded_grad_norm, microbatch_loss
 from tinyscale.tensor_parallel.tp_model import check_tensor_parallel_size
+from tinyscale.tensor_parallel.tp_stage import parallelize_stage, sum_tied_gradients
 
 # Gathering a 2-D sharded qkv for the checkpoint takes two all-gathers; torch warns each time.
 logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
@@ -84,26 +73,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 # --8<-- [start:check]
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Run:
-    """Everything checked before joining the process group."""
+class Run(Job):
+    """The job (env, device, model_cfg, cfg, checkpoint) and its parallel shape."""
 
-    env: DistEnv
-    device: torch.device
-    model_cfg: ModelConfig
-    cfg: TrainConfig
     layout: ParallelLayout  # pp x dp_replicate x dp_shard x tp
     microbatches: int
-    resume: Path | None
 
 
 def check_inputs(args: argparse.Namespace) -> Run:
     """Every bad flag fails here, the same way on every rank, before anything is written."""
-    cfg, env = args.cfg, dist_env()
+    job = check_job(args.cfg, dropout=args.dropout)  # environment, folders, model, --resume
+    cfg, model_cfg = job.cfg, job.model_cfg
     layout = ParallelLayout.from_args(args, AXES)  # each degree a whole number >= 1
-    layout.validate(env.world_size)  # and their product the number of processes
-    model_cfg = load_model_config(cfg.config)
-    if args.dropout is not None:
-        model_cfg = dataclasses.replace(model_cfg, dropout=args.dropout)
+    layout.validate(job.env.world_size)  # and their product the number of processes
     check_tensor_parallel_size(model_cfg, layout.tp)  # heads and widths divide by tp
     split_layers(model_cfg.num_hidden_layers, layout.pp)  # at most one stage per block
     copies = layout.data_parallel  # dp x fsdp: the ranks that see different data
@@ -119,55 +101,12 @@ def check_inputs(args: argparse.Namespace) -> Run:
             f"sequence parallelism cuts {model_cfg.max_position_embeddings} positions into "
             f"--tp {layout.tp} parts: pick a --tp that divides max_position_embeddings"
         )
-    checkpoints = Path(cfg.output_dir, "checkpoints")
-    resume = latest_checkpoint(checkpoints) if cfg.resume == "auto" else cfg.resume
-    if resume is not None and not Path(resume, ".metadata").is_file():
-        raise UsageError(f"{resume} is not a complete DCP checkpoint: resume from another")
-    return Run(env=env, device=device_for(env, cfg.device), model_cfg=model_cfg, cfg=cfg,
-               layout=layout, microbatches=micro, resume=Path(resume) if resume else None)  # fmt: skip
+    if job.checkpoint is not None and not Path(job.checkpoint, ".metadata").is_file():
+        raise UsageError(f"{job.checkpoint} is not a complete DCP checkpoint: resume from another")
+    return Run(**vars(job), layout=layout, microbatches=micro)
 
 
 # --8<-- [end:check]
-
-
-# --8<-- [start:tp]
-def parallelize_stage(stage: ModelStage, mesh: DeviceMesh) -> None:
-    """Tensor + sequence parallelism on one pipeline stage, over the 1-D ``mesh``.
-
-    The blocks take Week 4's plan (tp_dtensor.block_plan): activations between blocks,
-    and between stages, are cut by position (Shard(1)), so a stage sends 1/t of them.
-    The embedding is cut by vocabulary rows; the head gathers the logits (Replicate), so
-    the loss and the pipeline's loss function stay those of one process.
-    """
-    order = heads_in_rank_order(stage.cfg, mesh.size())
-    for block in stage.blocks.values():
-        with torch.no_grad():  # the fused qkv rows in rank order (see in_model_order)
-            block.attn.qkv.weight.copy_(block.attn.qkv.weight[order])
-            block.attn.qkv.bias.copy_(block.attn.qkv.bias[order])
-        parallelize_module(block, mesh, block_plan(sequence_parallel=True))
-    plan = {}
-    if stage.first:  # tokens in, replicated; the sum with pos_emb is cut by position
-        plan["tok_emb"] = RowwiseParallel(input_layouts=Replicate())
-        plan[f"blocks.{stage.layers.start}"] = PrepareModuleInput(
-            input_layouts=Replicate(), desired_input_layouts=Shard(1), use_local_output=True
-        )
-    if stage.last:
-        plan["ln_f"] = SequenceParallel()
-        plan["lm_head"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
-    parallelize_module(stage, mesh, plan)
-    if stage.first and stage.last and stage.cfg.tie_word_embeddings:
-        stage.lm_head.weight = stage.tok_emb.weight  # each style made its own DTensor: retie
-
-
-def in_model_order(name: str, tensor: torch.Tensor, cfg: ModelConfig, tp: int) -> torch.Tensor:
-    """A tensor as the model lays it out. Only qkv differs: its rows are in rank order."""
-    if not name.split(".exp_avg")[0].endswith(("attn.qkv.weight", "attn.qkv.bias")):
-        return tensor
-    full = tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
-    return full[torch.argsort(heads_in_rank_order(cfg, tp))]  # the inverse permutation
-
-
-# --8<-- [end:tp]
 
 
 # --8<-- [start:build]
@@ -206,110 +145,9 @@ def tied_pairs(parallel: ParallelMesh, run: Run) -> dist.ProcessGroup | None:
 # --8<-- [end:build]
 
 
-# --8<-- [start:checkpoint]
-def checkpoint_state(stage: ModelStage, optimizer: torch.optim.Optimizer, run: Run, *,
-                     for_loading: bool = False) -> dict[str, torch.Tensor]:  # fmt: skip
-    """Name -> tensor for DCP: parameters and AdamW moments under the model's names.
-
-    DTensors keep their shards: DCP writes each rank's pieces and reshards on load. The
-    tied head is saved as tok_emb.weight (one name, whichever stage holds it). qkv is
-    saved whole, in the model's row order (``in_model_order``); to load, a template.
-    """
-    cfg, tp = run.model_cfg, run.layout.tp
-    state: dict[str, torch.Tensor] = {}
-    for name, p in stage.named_parameters():
-        key = "tok_emb.weight" if cfg.tie_word_embeddings and name == "lm_head.weight" else name
-        moments = optimizer.state[p]
-        if not moments:  # a fresh optimizer: zero moments, to be filled by the load
-            moments.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p),
-                           exp_avg_sq=torch.zeros_like(p))  # fmt: skip
-        for suffix, t in (("", p.detach()), (".exp_avg", moments["exp_avg"]),
-                          (".exp_avg_sq", moments["exp_avg_sq"])):  # fmt: skip
-            if key.endswith(("attn.qkv.weight", "attn.qkv.bias")) and tp > 1:
-                full_shape = t.shape  # a DTensor's shape is the whole tensor's
-                t = (
-                    torch.empty(full_shape, device=p.device)
-                    if for_loading
-                    else in_model_order(key + suffix, t, cfg, tp)
-                )
-            state[key + suffix] = t
-        state["adamw.step"] = moments["step"]
-    return state
-
-
-def place_qkv(stage: ModelStage, optimizer: torch.optim.Optimizer, loaded: dict, run: Run) -> None:
-    """After a load: qkv's whole tensors back into rank order and into this rank's shards."""
-    order = heads_in_rank_order(run.model_cfg, run.layout.tp)
-    for name, p in stage.named_parameters():
-        if not name.endswith(("attn.qkv.weight", "attn.qkv.bias")) or run.layout.tp == 1:
-            continue
-        moments = optimizer.state[p]
-        for suffix, target in (("", p), (".exp_avg", moments["exp_avg"]),
-                               (".exp_avg_sq", moments["exp_avg_sq"])):  # fmt: skip
-            mine = distribute_tensor(loaded[name + suffix][order.to(p.device)], target.device_mesh,
-                                     target.placements)  # fmt: skip
-            with torch.no_grad():
-                target.to_local().copy_(mine.to_local())
-
-
-def save(stage: ModelStage, optimizer: torch.optim.Optimizer, run: Run, step: int) -> Path:
-    """One DCP directory per step: complete once rank 0 has written .metadata, last."""
-    path = Path(run.cfg.output_dir, "checkpoints", checkpoint_name(step))
-    if run.env.is_main:
-        if path.exists():  # saved before by a run we resumed from an earlier step: new
-            shutil.rmtree(path)  # files under the old .metadata would be a corrupt mix
-        path.mkdir(parents=True)
-        shape = run.layout.by_flag(AXES)  # {"pp": 1, "dp": 1, "fsdp": 2, "tp": 2}
-        (path / "shape.json").write_text(json.dumps(shape))  # for people; any shape loads
-    dist.barrier()
-    state = checkpoint_state(stage, optimizer, run)
-    state["step"] = torch.tensor(step)
-    save_dcp(state, path)  # every rank writes its pieces; rank 0 writes .metadata last
-    return path
-
-
-def load(stage, optimizer, run: Run) -> int:
-    """Fill this shape's tensors from a checkpoint saved on any shape; returns its step."""
-    state = checkpoint_state(stage, optimizer, run, for_loading=True)
-    state["step"] = torch.tensor(0)
-    load_dcp(state, run.resume)
-    place_qkv(stage, optimizer, state, run)
-    for p in stage.parameters():  # one AdamW step count for every parameter
-        optimizer.state[p]["step"] = state["adamw.step"].clone()
-    return int(state["step"])
-
-
-# --8<-- [end:checkpoint]
-
-
 # --8<-- [start:loop]
-def sum_tied_gradients(weight: nn.Parameter, group: dist.ProcessGroup) -> None:
-    """The embedding's gradient (first stage) plus the head's (last stage), on both ranks."""
-    if isinstance(weight, DTensor):  # the embedding's comes out whole: keep the shard's rows
-        weight.grad = weight.grad.redistribute(weight.device_mesh, weight.placements)
-    grad = weight.grad.to_local() if isinstance(weight.grad, DTensor) else weight.grad
-    dist.all_reduce(grad, group=group)  # the same rows on both: the same shard of the grid
-
-
 def local_numel(t: torch.Tensor) -> int:
     return t.to_local().numel() if isinstance(t, DTensor) else t.numel()
-
-
-def clip_gradients(stage: ModelStage, max_norm: float, run: Run, parallel: ParallelMesh) -> float:
-    """The global gradient norm over every shard and stage; the tied matrix counted once."""
-    squares = torch.zeros((), device=run.device)
-    for name, p in stage.named_parameters():
-        if run.layout.pp > 1 and name == "lm_head.weight" and run.model_cfg.tie_word_embeddings:
-            continue  # stage 0 counts it
-        norm = torch.linalg.vector_norm(p.grad)
-        squares += (norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2
-    if run.layout.pp > 1:
-        dist.all_reduce(squares, group=parallel.group("pp"))
-    total = squares.sqrt().item()
-    scale = min(1.0, max_norm / (total + 1e-6))
-    for p in stage.parameters():
-        p.grad.mul_(scale)
-    return total
 
 
 def train(run: Run, data, batches_per_epoch: int) -> None:
@@ -327,10 +165,32 @@ def train(run: Run, data, batches_per_epoch: int) -> None:
         schedule = Schedule1F1B(pp_stage, n_microbatches=run.microbatches, loss_fn=loss_fn,
                                 scale_grads=False)  # fmt: skip
     plan = plan_steps(batches_per_epoch, cfg, samples=len(data.train))
-    step = load(stage, optimizer, run) if run.resume else 0
-    if run.resume:
-        saved = json.loads(Path(run.resume, "shape.json").read_text())
+    step = 0
+    if run.checkpoint is not None:  # saved on any shape: DCP hands this rank its pieces
+        step = load_any_shape(stage, optimizer, run.checkpoint, cfg=run.model_cfg, tp=layout.tp)
+        saved = json.loads(Path(run.checkpoint, SHAPE_FILE).read_text())
         log.info(f"resumed from step {step}, saved by {saved}")
+    checkpoints = Path(cfg.output_dir, "checkpoints")
+
+    def forward(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The loss of this copy's batch; with --pp > 1, the schedule's forwards and backwards."""
+        if schedule is None:
+            return TinyTransformer.loss(stage(x), y)
+        losses: list[torch.Tensor] = []  # filled on the last stage only
+        schedule.step(*((x,) if stage.first else ()), target=y, losses=losses)
+        return torch.stack(losses).sum() if losses else torch.zeros((), device=run.device)
+
+    def backward(loss: torch.Tensor) -> None:
+        if schedule is None:  # with --pp > 1 the schedule has run every backward
+            loss.backward()
+        if tied is not None:  # the embedding's and the head's gradients, summed
+            sum_tied_gradients(stage.tok_emb.weight if stage.first else stage.lm_head.weight,
+                               tied)  # fmt: skip
+
+    def clip(module: ModelStage, max_norm: float) -> float:  # the norm of every shard and stage
+        pp_group = parallel.group("pp") if layout.pp > 1 else None
+        return clip_sharded_grad_norm(module, max_norm, group=pp_group, tied_copy=layout.pp > 1)
+
     whole = sum(p.numel() for p in stage.parameters())  # a DTensor's numel is the whole's
     held = sum(local_numel(p) for p in stage.parameters())
     log.info(" x ".join(f"{a} {n}" for a, n in layout.by_flag(AXES).items())
@@ -343,31 +203,28 @@ def train(run: Run, data, batches_per_epoch: int) -> None:
             per_copy = cfg.global_batch_size // copies
             x, y = get_batch(data.train, indices[copy * per_copy : (copy + 1) * per_copy],
                              run.device)  # fmt: skip
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, cfg, plan.total_steps)
-            optimizer.zero_grad(set_to_none=True)
-            if schedule is None:
-                loss = TinyTransformer.loss(stage(x), y)
-                loss.backward()
-            else:
-                losses: list[torch.Tensor] = []  # filled on the last stage only
-                schedule.step(*((x,) if stage.first else ()), target=y, losses=losses)
-                loss = torch.stack(losses).sum() if losses else torch.zeros((), device=run.device)
-            if tied is not None:  # the embedding's and the head's gradients, summed
-                sum_tied_gradients(stage.tok_emb.weight if stage.first else stage.lm_head.weight,
-                                   tied)  # fmt: skip
-            norm = clip_gradients(stage, cfg.grad_clip, run, parallel)
-            optimizer.step()
+            result = train_step(  # Lab 1's step, given what the shape changes
+                loss_fn=forward,
+                micro_batches=[(x, y)],  # with --pp > 1 the schedule cuts it
+                backward=backward,
+                optimizer=optimizer,
+                lr=lr_at(step, cfg, plan.total_steps),
+                max_norm=cfg.grad_clip,
+                clip_params=stage,
+                clip_fn=clip,
+            )
             step += 1
-            mean = loss.detach().clone()  # every last-stage rank: its copy's loss
+            mean = torch.tensor(result.loss, device=run.device)  # a last-stage rank: its copy's
             dist.all_reduce(mean)
             mean /= copies * layout.tp  # the tp ranks of a copy hold the same loss
             if step % cfg.log_every == 0 or step == plan.stop_at:
                 speed = cfg.global_batch_size * x.shape[1] / (time.perf_counter() - t0)
                 log.info(f"step {step:4d}/{plan.total_steps} | loss {mean.item():.4f} | "
-                         f"grad norm {norm:.3f} | {speed:,.0f} tokens/s")  # fmt: skip
+                         f"grad norm {result.grad_norm:.3f} | {speed:,.0f} tokens/s")  # fmt: skip
             if step % cfg.checkpoint_every == 0 or step == plan.stop_at:
-                log.info(f"saved {save(stage, optimizer, run, step)}")
+                path = save_any_shape(stage, optimizer, checkpoints, step=step, cfg=run.model_cfg,
+                                      tp=layout.tp, shape=layout.by_flag(AXES))  # fmt: skip
+                log.info(f"saved {path}")
             if step == plan.stop_at:
                 break
 
@@ -386,11 +243,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-@record  # an uncaught exception's traceback goes to TORCHELASTIC_ERROR_FILE, for torchrun
-def cli() -> int:
-    return run_cli(main)
-
-
 if __name__ == "__main__":
-    sys.exit(cli())
+    sys.exit(run_job(main))  # run_cli under torchrun's @record (tinyscale.comm.job)
 # --8<-- [end:main]

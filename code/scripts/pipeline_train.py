@@ -24,21 +24,17 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.elastic.multiprocessing.errors import record
 
-from tinyscale.comm.dist import DistEnv, device_for, dist_env, distributed, rank_logger
+from tinyscale.comm.dist import distributed, rank_logger
+from tinyscale.comm.job import Job, check_job, check_steps_left, run_job
 from tinyscale.comm.parallel_layout import ParallelLayout, add_layout_flags
-from tinyscale.core.checkpoint import (
-    latest_checkpoint,
-    remove_stale_temps,
-    restore_training_state,
-    training_state,
-)
+from tinyscale.core.checkpoint import remove_stale_temps, restore_training_state, training_state
 from tinyscale.core.cli import add_flags, from_args
-from tinyscale.core.config import ModelConfig, load_model_config
+from tinyscale.core.config import ModelConfig
 from tinyscale.core.data import build_datasets, epoch_batches, get_batch
-from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
-from tinyscale.core.model import TinyTransformer
+from tinyscale.core.errors import ArgumentParser, UsageError
+from tinyscale.core.model import ModelStage, TinyTransformer
+from tinyscale.core.step import train_step
 from tinyscale.core.training import TrainConfig, lr_at, make_optimizer, plan_steps, seed_everything
 from tinyscale.data_parallel.ranked_checkpoint import load_ranked, save_ranked
 from tinyscale.pipeline_parallel.pipeline import split_layers
@@ -77,29 +73,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 # --8<-- [start:check]
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class Run:
-    """Everything checked before joining the process group."""
+class Run(Job):
+    """The job (env, device, model_cfg, cfg, checkpoint) and the pipeline's own inputs."""
 
-    env: DistEnv
-    device: torch.device
-    model_cfg: ModelConfig
-    cfg: TrainConfig
     layout: ParallelLayout  # pp x dp_replicate
     microbatches: int
     schedule: str
     blocks: list[list[int]]  # the blocks of every pipeline stage, in order
     stages: list[int]  # the pipeline stages this rank runs
-    resume: dict[str, Any] | None
+    resume: dict[str, Any] | None  # this rank's file of the checkpoint, loaded
 
 
 def check_inputs(args: argparse.Namespace) -> Run:
     """Every bad flag fails here, the same way on every rank, before anything is written."""
-    cfg, env = args.cfg, dist_env()
-    device = device_for(env, cfg.device)
+    job = check_job(args.cfg)  # the launcher's environment, device, folders, model, --resume
+    cfg, env, model_cfg = job.cfg, job.env, job.model_cfg
     _, per_rank = check_schedule(args.schedule)
     layout = ParallelLayout.filling(env.world_size, "dp_replicate", pp=args.pp)
     dp = layout.dp_replicate  # pipelines side by side
-    model_cfg = load_model_config(cfg.config)
     stages = args.pp * per_rank
     if stages > model_cfg.num_hidden_layers:
         raise UsageError(
@@ -114,21 +105,16 @@ def check_inputs(args: argparse.Namespace) -> Run:
             f"the {dp} pipelines gets (--global-batch-size {cfg.global_batch_size} / dp {dp})"
         )
     blocks = [list(r) for r in split_layers(model_cfg.num_hidden_layers, stages)]
-    path = (
-        latest_checkpoint(Path(cfg.output_dir, "checkpoints"))
-        if cfg.resume == "auto"
-        else cfg.resume
-    )
     mine = stage_placement(args.schedule, rank=layout.coordinate(env.rank)["pp"], pp=args.pp)
+    path = job.checkpoint
     resume = load_ranked(path, rank=env.rank, world_size=env.world_size) if path else None
     if resume is not None and (resume["layout"], resume["stages"]) != (blocks, mine):
         raise UsageError(
             f"checkpoint {path} was cut by --pp {resume['pp']} --schedule {resume['schedule']}, "
             f"not as --pp {args.pp} --schedule {args.schedule}: relaunch with its flags"
         )
-    return Run(env=env, device=device, model_cfg=model_cfg, cfg=cfg, layout=layout,
-               microbatches=args.microbatches, schedule=args.schedule, blocks=blocks,
-               stages=mine, resume=resume)  # fmt: skip
+    return Run(**vars(job), layout=layout, microbatches=args.microbatches,
+               schedule=args.schedule, blocks=blocks, stages=mine, resume=resume)  # fmt: skip
 
 
 # --8<-- [end:check]
@@ -185,6 +171,25 @@ def train(run: Run, batches_per_epoch: int, data: Any) -> None:
     # --8<-- [start:loop]
     params = held_parameters(mine)
     per_pipeline = cfg.global_batch_size // layout.dp_replicate
+
+    def run_schedule(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Every micro-batch's forward and backward, in the schedule's order; their losses."""
+        losses: list[torch.Tensor] = []  # filled on the last stage's rank only
+        inputs = (x,) if 0 in run.stages else ()  # the first stage's rank feeds the tokens
+        runner.step(*inputs, target=y, losses=losses)
+        return torch.stack(losses).sum() if losses else torch.zeros((), device=device)
+
+    def after_backward(loss: torch.Tensor) -> None:  # the schedule has run every backward
+        sync_tied_embedding(model, tied)  # embedding + head gradients, on both ranks
+        if layout.dp_replicate > 1:  # plain data parallel across the pipelines: average
+            for p in params:
+                dist.all_reduce(p.grad, group=dp_group)
+                p.grad.div_(layout.dp_replicate)
+
+    def clip_pipeline(stages: list[ModelStage], max_norm: float) -> float:
+        """clip_grad_norm_ over every stage of the pipeline: the norm of them all."""
+        return clip_grad_norm(stages, max_norm, group=pp_group, tied_copy=stage_rank == last != 0)
+
     while step < plan.stop_at:
         epoch, batch_in_epoch = plan.position(step)
         order = epoch_batches(len(data.train), cfg.global_batch_size, seed=cfg.seed, epoch=epoch)
@@ -192,23 +197,19 @@ def train(run: Run, batches_per_epoch: int, data: Any) -> None:
             t0 = time.perf_counter()
             mine_idx = indices[replica * per_pipeline : (replica + 1) * per_pipeline]
             x, y = get_batch(data.train, mine_idx, device)  # (B/dp, T) each
-            for group in optimizer.param_groups:
-                group["lr"] = lr_at(step, cfg, plan.total_steps)
-            optimizer.zero_grad(set_to_none=True)
-            losses: list[torch.Tensor] = []  # filled on the last stage's rank only
-            inputs = (x,) if 0 in run.stages else ()  # the first stage's rank feeds the tokens
-            runner.step(*inputs, target=y, losses=losses)
-            sync_tied_embedding(model, tied)  # embedding + head gradients, on both ranks
-            if layout.dp_replicate > 1:  # plain data parallel across the pipelines: average
-                for p in params:
-                    dist.all_reduce(p.grad, group=dp_group)
-                    p.grad.div_(layout.dp_replicate)
-            clip_grad_norm(mine, cfg.grad_clip, group=pp_group,
-                           tied_copy=stage_rank == last != 0)  # fmt: skip
-            optimizer.step()
+            result = train_step(  # Lab 1's step, given what the pipeline changes
+                loss_fn=run_schedule,
+                micro_batches=[(x, y)],  # the schedule cuts it into --microbatches
+                backward=after_backward,
+                optimizer=optimizer,
+                lr=lr_at(step, cfg, plan.total_steps),
+                max_norm=cfg.grad_clip,
+                clip_params=mine,
+                clip_fn=clip_pipeline,
+            )
             step += 1
             if step % cfg.log_every == 0 or step == plan.stop_at:
-                loss = torch.stack(losses).sum() if losses else torch.zeros((), device=device)
+                loss = torch.tensor(result.loss, device=device)  # 0 off the last stage
                 dist.all_reduce(loss)  # only the dp last-stage ranks add: / dp is the mean
                 seconds = time.perf_counter() - t0
                 speed = cfg.global_batch_size * x.shape[1] / seconds  # all pipelines' tokens
@@ -235,20 +236,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                           block_size=run.model_cfg.max_position_embeddings)  # fmt: skip
     batches = len(epoch_batches(len(data.train), run.cfg.global_batch_size, seed=0, epoch=0))
     plan = plan_steps(batches, run.cfg, samples=len(data.train))
-    if run.resume is not None and run.resume["step"] >= plan.stop_at:
-        raise UsageError(
-            f"the checkpoint is at step {run.resume['step']}, the end of this run: raise --epochs"
-        )
+    if run.resume is not None:  # steps left to train?
+        check_steps_left(run.resume["step"], plan.stop_at)
     with distributed(run.cfg.device, timeout_s=run.cfg.timeout_s):  # joins, always leaves
         train(run, batches, data)
     return 0
 
 
-@record  # an uncaught exception's traceback goes to TORCHELASTIC_ERROR_FILE, for torchrun
-def cli() -> int:
-    return run_cli(main)
-
-
 if __name__ == "__main__":
-    sys.exit(cli())
+    sys.exit(run_job(main))  # run_cli under torchrun's @record (tinyscale.comm.job)
 # --8<-- [end:main]

@@ -10,13 +10,13 @@ nothing written.
 """
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from helpers import load_script, recorded_output
+from helpers import recorded_output
 from tinyscale.core.config import load_model_config
-from tinyscale.core.errors import run_cli
 
 PAGE = "week-4/train-any-shape.md"
 
@@ -81,18 +81,10 @@ def test_each_rank_holds_the_parameters_the_page_counts() -> None:
         (["--dp", "3"], "3", "--global-batch-size 16 does not split into dp x fsdp = 3"),
         (["--pp", "2", "--dp", "2", "--microbatches", "3"], "4", "copies of 3 equal micro"),
         (["--resume", "nowhere"], "1", "nowhere is not a complete DCP checkpoint"),
+        (["--dropout", "1"], "1", "--dropout must be in [0, 1), got 1.0"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_fix_exit_2_nothing_written(
-    argv: list[str], world: str, message: str, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
-    env = {"RANK": "0", "WORLD_SIZE": world, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    script = load_script("parallel_train")
-    out, logs = tmp_path / "out", tmp_path / "logs"
-    assert run_cli(script.main, [*argv, "--output-dir", str(out), "--log-dir", str(logs)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
-    assert not out.exists() and not logs.exists()
+    argv: list[str], world: str, message: str, bad_input: Callable[..., str]
+) -> None:
+    assert message in bad_input("parallel_train", argv, WORLD_SIZE=world)

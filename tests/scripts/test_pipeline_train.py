@@ -9,12 +9,11 @@ one ``error:`` line naming the flag, exit code 2, nothing written.
 """
 
 import re
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
-from helpers import load_script, recorded_output
-from tinyscale.core.errors import run_cli
+from helpers import recorded_output
 
 PAGE = "week-3/pipeline-torchtitan.md"
 
@@ -57,15 +56,6 @@ def test_recorded_resume_skips_the_uncommitted_step_and_repeats_the_losses() -> 
     ],
 )
 def test_bad_input_is_one_line_naming_the_flag_exit_2_nothing_written(
-    argv: list[str], world: str, message: str, tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
-    env = {"RANK": "0", "WORLD_SIZE": world, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
-    for key, value in env.items():
-        monkeypatch.setenv(key, value)
-    script = load_script("pipeline_train")
-    out, logs = tmp_path / "out", tmp_path / "logs"
-    assert run_cli(script.main, [*argv, "--output-dir", str(out), "--log-dir", str(logs)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
-    assert not out.exists() and not logs.exists()
+    argv: list[str], world: str, message: str, bad_input: Callable[..., str]
+) -> None:
+    assert bad_input("pipeline_train", argv, WORLD_SIZE=world).startswith(f"error: {message}")

@@ -59,9 +59,7 @@ SCRIPT_LINES = 400  # beyond it a script holds library logic
 # Known exceptions, reported to the lead; each goes with its fix, and the test fails once
 # one is no longer needed, so none outlives its reason.
 LONG_SCRIPTS: dict[str, int] = {}  # none: parallel_train.py is under SCRIPT_LINES now
-# cli(), the same three lines in the torchrun scripts (@record around run_cli(main)): a
-# library entry point would replace them; it touches the pages that show the scripts.
-COPIED_PARTS = {"cli": ("ddp_simulation_train.py", "parallel_train.py", "pipeline_train.py")}
+COPIED_PARTS: dict[str, tuple[str, ...]] = {}  # none: comm.job.run_job replaced cli()
 MAP_ROW = re.compile(r"^    (?P<module>[a-z_0-9]+) +(?P<pages>\S+\.md(?:, \S+\.md)*)$")
 
 

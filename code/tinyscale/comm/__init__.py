@@ -2,8 +2,8 @@
 """tinyscale.comm: processes and the messages between them.
 
 Joining a process group, running a function on N ranks, collectives built from send and
-recv, and what they cost. Session B, Session C and Week 1 teach these; they import only
-tinyscale.core.
+recv, and what they cost; what every distributed job checks before it starts. Session B,
+Session C, Lab 2 and Week 1 teach these; they import only tinyscale.core.
 
     module          taught on
     dist            week-1/ddp-from-scratch.md, workshop/lab-2.md, workshop/session-c.md, week-4/parallelism-2d-3d.md
@@ -17,5 +17,6 @@ tinyscale.core.
     latency         operations/nccl-network.md
     rank_grid       week-4/parallelism-2d-3d.md
     parallel_layout week-4/train-any-shape.md
+    job             workshop/lab-2.md
 """
 # --8<-- [end:map]

@@ -8,6 +8,7 @@ tensor_parallel, expert_parallel); those never import them.
 
     module              taught on
     deepspeed_config    workshop/deepspeed.md
+    deepspeed_checkpoint workshop/deepspeed.md
     deepspeed_costs     week-2/deepspeed-zero.md, workshop/deepspeed.md
     zero_vs_deepspeed   week-2/deepspeed-zero.md
     titan_compat        week-2/torchtitan.md

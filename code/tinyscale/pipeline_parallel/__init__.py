@@ -10,6 +10,6 @@ import tinyscale.core and tinyscale.comm only.
     schedules           week-3/pipeline-from-scratch.md
     p2p                 week-3/pipeline-from-scratch.md
     pipeline            week-3/pipeline-from-scratch.md
-    torch_pipeline      week-3/pipeline-torchtitan.md
+    torch_pipeline      week-3/pipeline-torchtitan.md, week-4/train-any-shape.md
 """
 # --8<-- [end:map]

@@ -26,6 +26,7 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
     ScheduleZBVZeroBubble,
 )
+from torch.distributed.tensor import DTensor
 
 from tinyscale.comm.parallel_layout import job_timeout, new_subgroup
 from tinyscale.core.config import preset
@@ -187,6 +188,36 @@ def clip_grad_norm(
 
 
 # --8<-- [end:clip]
+
+
+# --8<-- [start:clip_sharded]
+def clip_sharded_grad_norm(
+    stage: ModelStage, max_norm: float, *, group: dist.ProcessGroup | None,
+    tied_copy: bool = False,
+) -> float:  # fmt: skip
+    """clip_grad_norm over one stage whose parameters may be DTensors, and every stage.
+
+    A DTensor's norm is that of the whole tensor, made whole by ``full_tensor()`` (a
+    collective over its mesh: tensor-parallel and FSDP shards). The stages' squares are
+    summed over the pipeline ``group`` (None: one stage). ``tied_copy``: this stage's head
+    is the tied matrix the first stage counts: leave it out.
+    """
+    squares = torch.zeros((), device=next(stage.parameters()).device)
+    for name, p in stage.named_parameters():
+        if tied_copy and name == "lm_head.weight" and stage.cfg.tie_word_embeddings:
+            continue  # stage 0 counts it
+        norm = torch.linalg.vector_norm(p.grad)
+        squares += (norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2
+    if group is not None:
+        dist.all_reduce(squares, group=group)
+    total = squares.sqrt().item()
+    scale = min(1.0, max_norm / (total + 1e-6))  # torch's formula: shrink only, never grow
+    for p in stage.parameters():
+        p.grad.mul_(scale)
+    return total
+
+
+# --8<-- [end:clip_sharded]
 
 
 # --8<-- [start:compare]

@@ -1,0 +1,100 @@
+# --8<-- [start:check]
+"""What every distributed training job checks before it starts, and the one way it starts.
+
+Try it:  python code/scripts/pipeline_train.py    # no torchrun: one line, exit code 2
+
+torchrun starts the same script on every rank, and every rank checks every input before
+any of them joins the process group: a bad flag then fails all ranks alike, with one line
+that names the fix, instead of leaving one rank waiting for a peer that never comes. Each
+script checks its own flags (its batch split, its parallel layout); ``check_job`` checks
+what every job has: its place in the world (from the launcher's environment), its device,
+the folders it writes, its model, and the checkpoint it resumes from. A script's ``Run``
+is a ``Job`` with the script's own checked fields added.
+"""
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from tinyscale.comm.dist import DistEnv, device_for, dist_env
+from tinyscale.core.checkpoint import latest_checkpoint
+from tinyscale.core.cli import flag
+from tinyscale.core.config import ModelConfig, load_model_config
+from tinyscale.core.errors import UsageError, run_cli
+from tinyscale.core.training import TrainConfig
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Job:
+    """What every distributed script knows, checked, before joining the process group."""
+
+    env: DistEnv  # rank and world size, from the launcher's environment
+    device: torch.device  # one GPU per rank (chosen by local rank), or the CPU
+    model_cfg: ModelConfig
+    cfg: TrainConfig  # every flag checked; cfg.timeout_s bounds every collective
+    checkpoint: Path | None  # what --resume picked: a path, the newest complete one, or None
+
+
+def check_job(
+    cfg: TrainConfig, *, env: DistEnv | None = None, dropout: float | None = None,
+    newest: Callable[[Path], Path | None] = latest_checkpoint,
+) -> Job:  # fmt: skip
+    """Every job's checks, each a one-line UsageError; the script's own checks follow.
+
+    ``dropout`` overrides the model config's (a script's --dropout); ``newest`` finds
+    what --resume auto resumes from in the output folder's checkpoints/.
+    """
+    env = dist_env() if env is None else env  # no RANK/WORLD_SIZE or MASTER_ADDR: one line
+    device = device_for(env, cfg.device)  # --device cuda without a GPU: one line
+    for name in ("output_dir", "log_dir"):  # every rank writes its log, rank 0 the outputs
+        check_writable(getattr(cfg, name), flag(name))
+    model_cfg = load_model_config(cfg.config)
+    if dropout is not None:
+        if not 0 <= dropout < 1:
+            raise UsageError(f"--dropout must be in [0, 1), got {dropout}")
+        model_cfg = dataclasses.replace(model_cfg, dropout=dropout)
+    if cfg.resume == "auto":  # the newest complete checkpoint, or None: start from scratch
+        checkpoint = newest(Path(cfg.output_dir, "checkpoints"))
+    else:
+        checkpoint = None if cfg.resume is None else Path(cfg.resume)
+    return Job(env=env, device=device, model_cfg=model_cfg, cfg=cfg, checkpoint=checkpoint)
+
+
+def check_writable(folder: str, name: str) -> None:
+    """A folder the job creates if missing: its nearest existing parent must take files."""
+    existing = Path(folder).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise UsageError(
+            f"{name} {folder} cannot be created or written ({existing} is not a folder this "
+            f"process may write to): pass another {name}"
+        )
+
+
+def check_steps_left(step: int, stop_at: int, *, fix: str = "--epochs") -> None:
+    """A resumed run must have steps to train: a checkpoint at its end is refused."""
+    if step >= stop_at:
+        raise UsageError(f"the checkpoint is at step {step}, the end of this run: raise {fix}")
+
+
+# --8<-- [end:check]
+
+
+# --8<-- [start:start]
+def run_job(main: Callable[[Sequence[str] | None], int]) -> int | None:
+    """Run a torchrun script's ``main``: ``run_cli`` under torchrun's ``@record``.
+
+    Bad input is one line on stderr and exit code 2, without a traceback (``run_cli``).
+    Any other exception is written, traceback and all, to the file torchrun names in
+    TORCHELASTIC_ERROR_FILE, then raised: torchrun's report shows the failing rank's own
+    traceback as the root cause. ``--help`` returns None: exit code 0.
+    """
+    return record(run_cli)(main)
+
+
+# --8<-- [end:start]
