@@ -32,7 +32,7 @@ from torch.distributed.tensor import DTensor
 
 from tinyscale.comm.dist import distributed, rank_logger
 from tinyscale.comm.job import Job, check_job, run_job
-from tinyscale.comm.parallel_layout import ParallelLayout, ParallelMesh, add_layout_flags
+from tinyscale.comm.parallel_layout import AXES, ParallelLayout, ParallelMesh, add_layout_flags
 from tinyscale.composed.shape_checkpoint import SHAPE_FILE, load_any_shape, save_any_shape
 from tinyscale.core.cli import add_flags, from_args
 from tinyscale.core.data import build_datasets, epoch_batches, get_batch
@@ -49,7 +49,7 @@ from tinyscale.tensor_parallel.tp_stage import parallelize_stage, sum_tied_gradi
 logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 # The TP head's logits are a view; FSDP2 warns against in-place ops on it, and we do none.
 warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
-AXES = ("pp", "dp_replicate", "dp_shard", "tp")  # the layout's axes this script composes
+COMPOSED = tuple(a for a in AXES if a != "cp")  # every axis of the layout but context
 DEFAULTS = TrainConfig(epochs=1, global_batch_size=16, checkpoint_every=50, log_every=1,
                        output_dir="runs/shape")  # fmt: skip
 FLAGS = ("config", "corpus", "epochs", "global_batch_size", "lr", "warmup_steps", "min_lr_ratio",
@@ -60,7 +60,7 @@ FLAGS = ("config", "corpus", "epochs", "global_batch_size", "lr", "warmup_steps"
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_flags(p, DEFAULTS, FLAGS, notes={"device": "auto picks one GPU per rank, or the CPU"})
-    add_layout_flags(p, AXES)  # --pp --dp --fsdp --tp
+    add_layout_flags(p, COMPOSED)  # --pp --dp --fsdp --tp
     p.add_argument("--microbatches", type=int, default=2, help="per pipeline step (--pp > 1)")
     p.add_argument("--dropout", type=float, default=None, help="override the config's dropout")
     args = p.parse_args(argv)
@@ -84,7 +84,7 @@ def check_inputs(args: argparse.Namespace) -> Run:
     """Every bad flag fails here, the same way on every rank, before anything is written."""
     job = check_job(args.cfg, dropout=args.dropout)  # environment, folders, model, --resume
     cfg, model_cfg = job.cfg, job.model_cfg
-    layout = ParallelLayout.from_args(args, AXES)  # each degree a whole number >= 1
+    layout = ParallelLayout.from_args(args, COMPOSED)  # each degree a whole number >= 1
     layout.validate(job.env.world_size)  # and their product the number of processes
     check_tensor_parallel_size(model_cfg, layout.tp)  # heads and widths divide by tp
     split_layers(model_cfg.num_hidden_layers, layout.pp)  # at most one stage per block
@@ -193,7 +193,7 @@ def train(run: Run, data, batches_per_epoch: int) -> None:
 
     whole = sum(p.numel() for p in stage.parameters())  # a DTensor's numel is the whole's
     held = sum(local_numel(p) for p in stage.parameters())
-    log.info(" x ".join(f"{a} {n}" for a, n in layout.by_flag(AXES).items())
+    log.info(" x ".join(f"{a} {n}" for a, n in layout.by_flag(COMPOSED).items())
              + f" | this rank holds {held:,} of its stage's {whole:,} parameters")  # fmt: skip
     while step < plan.stop_at:
         epoch, batch_in_epoch = plan.position(step)
@@ -223,7 +223,7 @@ def train(run: Run, data, batches_per_epoch: int) -> None:
                          f"grad norm {result.grad_norm:.3f} | {speed:,.0f} tokens/s")  # fmt: skip
             if step % cfg.checkpoint_every == 0 or step == plan.stop_at:
                 path = save_any_shape(stage, optimizer, checkpoints, step=step, cfg=run.model_cfg,
-                                      tp=layout.tp, shape=layout.by_flag(AXES))  # fmt: skip
+                                      tp=layout.tp, shape=layout.by_flag(COMPOSED))  # fmt: skip
                 log.info(f"saved {path}")
             if step == plan.stop_at:
                 break
