@@ -15,8 +15,7 @@ Session C, Lab 2 and Week 1 teach these; they import only tinyscale.core.
     counter         week-2/zero-from-scratch.md
     tree_allreduce  week-1/collectives.md
     latency         operations/nccl-network.md
-    rank_grid       week-4/parallelism-2d-3d.md
-    parallel_layout week-4/train-any-shape.md
+    parallel_layout week-4/parallelism-2d-3d.md
     job             workshop/lab-2.md
 """
 # --8<-- [end:map]

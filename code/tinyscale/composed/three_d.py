@@ -3,9 +3,9 @@
 
 Try it:  python -c "from tinyscale.composed.three_d import demo; demo()"
 
-The ranks form a dp x pp x tp grid (tinyscale.comm.rank_grid, tp innermost). Each line of
-the grid along pp is one pipeline (pipeline_parallel.pipeline.Pipeline, 1F1B), in global
-ranks. Each of its stages is split over the stage's tensor group as
+The ranks form a pp x dp x tp grid (a ParallelLayout: pp outermost, tp innermost). Each
+line of the grid along pp is one pipeline (pipeline_parallel.pipeline.Pipeline, 1F1B), in
+global ranks. Each of its stages is split over the stage's tensor group as
 TensorParallelTransformer splits a whole model: the blocks by heads and FFN channels, the
 first stage's embedding and the last stage's head and loss by vocabulary. Tensor rank i
 of stage s sends its activations to tensor rank i of stage s + 1, and receives their
@@ -25,7 +25,7 @@ from torch import nn
 
 from tinyscale.comm.comm_model import ring_allreduce_bytes
 from tinyscale.comm.counter import CollectiveCounter
-from tinyscale.comm.rank_grid import RankGrid, new_groups
+from tinyscale.comm.parallel_layout import ParallelLayout
 from tinyscale.core.config import ModelConfig, preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.memory import activation_bytes
@@ -57,14 +57,17 @@ LR = 1e-2  # AdamW's learning rate, as in the parity ladder
 
 
 # --8<-- [start:stage]
-def check_3d(cfg: ModelConfig, grid: RankGrid, *, world: int, batch: int, micro_batch: int) -> None:
+def check_3d(
+    cfg: ModelConfig, layout: ParallelLayout, *, world: int, batch: int, micro_batch: int
+) -> None:
     """One line naming the fix, before any process waits on another."""
-    grid.check_world(world)
-    split_layers(cfg.num_hidden_layers, grid.pp)  # at most one pipeline stage per block
-    check_tensor_parallel_size(cfg, grid.tp)
-    if batch % (grid.dp * micro_batch):
+    layout.validate(world)
+    split_layers(cfg.num_hidden_layers, layout.pp)  # at most one pipeline stage per block
+    check_tensor_parallel_size(cfg, layout.tp)
+    dp = layout.dp_replicate
+    if batch % (dp * micro_batch):
         raise UsageError(
-            f"a batch of {batch} does not split into {grid.dp} data-parallel parts of whole "
+            f"a batch of {batch} does not split into {dp} data-parallel parts of whole "
             f"micro-batches of {micro_batch}: use a batch that dp x micro-batch divides"
         )
 
@@ -192,20 +195,21 @@ class ThreeDRun:
 def train_3d(
     dp: int, pp: int, tp: int, steps: int = 3, batch: int = 8, micro_batch: int = 2
 ) -> ThreeDRun:
-    """One process's training, and the same on a dp x pp x tp grid, on every rank."""
-    grid, cfg = RankGrid(dp=dp, pp=pp, tp=tp), preset("tiny")
-    check_3d(cfg, grid, world=dist.get_world_size(), batch=batch, micro_batch=micro_batch)
-    groups, where = new_groups(grid), grid.coordinate(dist.get_rank())
+    """One process's training, and the same on a pp x dp x tp grid, on every rank."""
+    layout, cfg = ParallelLayout(pp=pp, dp_replicate=dp, tp=tp), preset("tiny")
+    check_3d(cfg, layout, world=dist.get_world_size(), batch=batch, micro_batch=micro_batch)
+    built, where = layout.build(), layout.coordinate(dist.get_rank())
+    groups = {"tp": built.group("tp"), "dp": built.group("dp_replicate")}
     torch.manual_seed(0)
     model = TinyTransformer(cfg)  # the reference: one process, the whole batch
     reference = torch.optim.AdamW(model.parameters(), lr=LR)
     T = cfg.max_position_embeddings
     batches = torch.randint(0, cfg.vocab_size, (steps, 2, batch, T))
     rows = batch // dp  # one pipeline's part of the batch
-    mine = slice(where["dp"] * rows, (where["dp"] + 1) * rows)
+    mine = slice(where["dp_replicate"] * rows, (where["dp_replicate"] + 1) * rows)
     tensor = tensor_parallel_pieces(cfg, groups["tp"]) if tp > 1 else {}  # tp 1: plain stages
     pipe = Pipeline(copy.deepcopy(model), config=PipelineConfig(microbatches=rows // micro_batch),
-                    batch_shape=(rows, T), grid=grid, **tensor)  # fmt: skip
+                    batch_shape=(rows, T), layout=layout, **tensor)  # fmt: skip
     optimizer = ShardedOptimizer(pipe.parameters(), torch.optim.AdamW, group=groups["dp"], lr=LR)
     counter, losses, loss_error = GroupCounter(), [], 0.0
     for x, y in batches:
@@ -228,7 +232,7 @@ def train_3d(
     if not pipe.stages[0].first:  # token ids into the first stage, an activation into others
         x = torch.randn(micro_batch, T, cfg.hidden_size, requires_grad=True)
     return ThreeDRun(
-        coordinate=where,
+        coordinate={"pp": where["pp"], "dp": where["dp_replicate"], "tp": where["tp"]},
         layers=pipe.stages[0].layers,
         losses=losses,
         loss=loss_error,
@@ -251,20 +255,23 @@ def train_3d(
 SHAPES = ((1, 2, 2), (2, 2, 1), (2, 2, 2))  # (dp, pp, tp): 4, 4 and 8 ranks
 
 
-def formulas(cfg: ModelConfig, grid: RankGrid, stage: int, *, batch: int) -> dict[str, float]:
+def formulas(
+    cfg: ModelConfig, layout: ParallelLayout, stage: int, *, batch: int
+) -> dict[str, float]:
     """What a rank of pipeline stage ``stage`` holds and sends per step, on paper."""
-    layers = split_layers(cfg.num_hidden_layers, grid.pp)[stage]
-    ends = {"first": stage == 0, "last": stage == grid.pp - 1}
-    tied = cfg.tie_word_embeddings and grid.pp > 1 and (ends["first"] or ends["last"])
-    params = stage_parameters(cfg, layers, **ends, tp=grid.tp)
-    rows, T = batch // grid.dp, cfg.max_position_embeddings  # one pipeline's sequences
+    layers = split_layers(cfg.num_hidden_layers, layout.pp)[stage]
+    ends = {"first": stage == 0, "last": stage == layout.pp - 1}
+    tied = cfg.tie_word_embeddings and layout.pp > 1 and (ends["first"] or ends["last"])
+    params = stage_parameters(cfg, layers, **ends, tp=layout.tp)
+    rows, T = batch // layout.dp_replicate, cfg.max_position_embeddings  # one pipeline's sequences
     return {
         "params": params,
-        "Adam": zero_state_bytes(params, stage=1, world_size=grid.dp).optimizer / 4,  # elements
-        "tp": stage_tensor_bytes(cfg, layers, **ends, batch=rows, seq_len=T, tp=grid.tp),
+        "Adam": zero_state_bytes(params, stage=1, world_size=layout.dp_replicate).optimizer
+        / 4,  # elements
+        "tp": stage_tensor_bytes(cfg, layers, **ends, batch=rows, seq_len=T, tp=layout.tp),
         "pp": pipeline_step_bytes(cfg, **ends, batch=rows, seq_len=T),
-        "tied": tied_step_bytes(cfg, tp=grid.tp) if tied else 0.0,
-        "dp": zero_step_bytes(stage=1, numel=params, world=grid.dp),
+        "tied": tied_step_bytes(cfg, tp=layout.tp) if tied else 0.0,
+        "dp": zero_step_bytes(stage=1, numel=params, world=layout.dp_replicate),
     }
 
 
@@ -273,11 +280,11 @@ def demo(batch: int = 8, micro_batch: int = 2) -> None:
     from tinyscale.comm.launch import run_on_ranks
 
     cfg = preset("tiny")
-    print(f"rank  (dp, pp, tp)  block  params    Adam  activations  "
+    print(f"rank  (pp, dp, tp)  block  params    Adam  activations  "
           f"{'tp B':>7} {'pp B':>7} {'tied B':>7} {'dp B':>7}")  # fmt: skip
     for dp, pp, tp in SHAPES:
-        grid = RankGrid(dp=dp, pp=pp, tp=tp)
-        runs = run_on_ranks(train_3d, grid.size, dp, pp, tp, 3, batch, micro_batch)
+        layout = ParallelLayout(pp=pp, dp_replicate=dp, tp=tp)
+        runs = run_on_ranks(train_3d, layout.world_size, dp, pp, tp, 3, batch, micro_batch)
         print(f"dp {dp} x pp {pp} x tp {tp}: loss {'  '.join(f'{x:.6f}' for x in runs[0].losses)}"
               f", largest difference from one process {max(r.loss for r in runs):.1e}")  # fmt: skip
         for rank, r in enumerate(runs):
@@ -286,11 +293,12 @@ def demo(batch: int = 8, micro_batch: int = 2) -> None:
                   f"{r.state:>6,}  {r.activations:>6,} x {r.peak}  {s['tp']:>7,.0f} "
                   f"{s['pp']:>7,.0f} {s['tied']:>7,.0f} {s['dp']:>7,.0f}")  # fmt: skip
         for stage in range(pp):
-            f = formulas(cfg, grid, stage, batch=batch)
+            f = formulas(cfg, layout, stage, batch=batch)
             print(f"{f'   formulas, stage {stage}':<25}  {f['params']:>6,}  {f['Adam']:>6,.0f}  "
                   f"{'':>11}  {f['tp']:>7,.0f} {f['pp']:>7,.0f} {f['tied']:>7,.0f} "
                   f"{f['dp']:>7,.0f}")  # fmt: skip
-        total = sum(r.activations for r in runs[: pp * tp : tp])  # one tp rank per stage
+        first = [r for r in runs if r.coordinate["dp"] == r.coordinate["tp"] == 0]
+        total = sum(r.activations for r in first)  # one rank per stage: copy 0, tp rank 0
         calculator = activation_bytes_estimate(cfg, micro_batch=micro_batch,
                                                seq_len=cfg.max_position_embeddings,
                                                tensor_parallel=tp)  # fmt: skip

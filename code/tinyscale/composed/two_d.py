@@ -3,7 +3,7 @@
 
 Try it:  python -c "from tinyscale.composed.two_d import demo; demo()"
 
-The ranks form a dp x tp grid (tinyscale.comm.rank_grid, tp innermost). Each row of tp
+The ranks form a dp x tp grid (a ParallelLayout, tp innermost). Each row of tp
 consecutive ranks is one copy of the model, split by TensorParallelTransformer over its
 tensor group. The dp copies train on different parts of the batch: their gradients are
 averaged over the data-parallel group, and their optimizer state is sharded over it by
@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from tinyscale.comm.comm_model import ring_allreduce_bytes
 from tinyscale.comm.counter import CollectiveCounter
-from tinyscale.comm.rank_grid import RankGrid, new_groups
+from tinyscale.comm.parallel_layout import ParallelLayout
 from tinyscale.core.config import ModelConfig, preset
 from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel.memory_calculator import zero_step_bytes
@@ -68,17 +68,20 @@ class TwoDRun:
 
 def train_2d(dp: int, tp: int, steps: int = 3, batch: int = 4) -> TwoDRun:
     """One process's training, and the same on a dp x tp grid, side by side on every rank."""
-    grid = RankGrid(dp=dp, tp=tp)
-    groups = new_groups(grid)
-    where = grid.coordinate(dist.get_rank())
+    layout = ParallelLayout(dp_replicate=dp, tp=tp)
+    built = layout.build()  # every group with the job's timeout
+    where = layout.coordinate(dist.get_rank())
+    data_group = built.group("dp_replicate")
     cfg = preset("tiny")
     torch.manual_seed(0)
     model = TinyTransformer(cfg)  # the reference: one process, the whole batch
-    split = TensorParallelTransformer(copy.deepcopy(model), group=groups["tp"])
+    split = TensorParallelTransformer(copy.deepcopy(model), group=built.group("tp"))
     reference = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    optimizer = ShardedOptimizer(split.parameters(), torch.optim.AdamW, group=groups["dp"], lr=1e-2)
+    optimizer = ShardedOptimizer(split.parameters(), torch.optim.AdamW, group=data_group, lr=1e-2)
     batches = torch.randint(0, cfg.vocab_size, (steps, 2, batch * dp, cfg.max_position_embeddings))
-    mine = slice(where["dp"] * batch, (where["dp"] + 1) * batch)  # my copy's part of the batch
+    mine = slice(
+        where["dp_replicate"] * batch, (where["dp_replicate"] + 1) * batch
+    )  # my copy's part of the batch
     tensor, data = CollectiveCounter(), CollectiveCounter()
     losses, loss_error = [], 0.0
     for x, y in batches:
@@ -94,7 +97,7 @@ def train_2d(dp: int, tp: int, steps: int = 3, batch: int = 4) -> TwoDRun:
             optimizer.step()
         optimizer.zero_grad()
         mean = split_loss.detach().clone()
-        dist.all_reduce(mean, group=groups["dp"])  # the copies' losses, averaged: the batch's
+        dist.all_reduce(mean, group=data_group)  # the copies' losses, averaged: the batch's
         losses.append(mean.item() / dp)
         loss_error = max(loss_error, abs(losses[-1] - loss.item()))
     return TwoDRun(
@@ -120,7 +123,7 @@ def demo(dp: int = 2, tp: int = 2) -> None:
     cfg = preset("tiny")
     runs = run_on_ranks(train_2d, dp * tp, dp, tp)
     for rank, r in enumerate(runs):
-        print(f"rank {rank} (dp {r.coordinate['dp']}, tp {r.coordinate['tp']}): "
+        print(f"rank {rank} (dp {r.coordinate['dp_replicate']}, tp {r.coordinate['tp']}): "
               f"{r.params:,} parameters, {r.state:,} optimizer-state elements, "
               f"sends {r.tensor_bytes:,.0f} B to its tensor group and "
               f"{r.data_bytes:,.0f} B to its data group per step")  # fmt: skip

@@ -25,8 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tinyscale.comm.counter import CollectiveCounter
-from tinyscale.comm.parallel_layout import job_timeout
-from tinyscale.comm.rank_grid import RankGrid
+from tinyscale.comm.parallel_layout import ParallelLayout, job_timeout, new_subgroup
 from tinyscale.core.config import preset
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import ModelStage, TinyTransformer, cut_into_stages
@@ -128,19 +127,19 @@ class Pipeline:
 
     loss = pipe.step(input_ids, targets); optimizer.step(); optimizer.zero_grad()
 
-    One pipeline over the world by default. Week 4's 3D parallelism passes a ``grid``
+    One pipeline over the world by default. Week 4's 3D parallelism passes a ``layout``
     (this rank's pipeline is its line along "pp", in global ranks), a ``split`` applied
     to each of this rank's stages (tensor parallelism) and the ``loss`` of its logits.
     """
 
     def __init__(
         self, model: TinyTransformer, *, config: PipelineConfig, batch_shape: tuple[int, int],
-        grid: RankGrid | None = None, split: Callable[[ModelStage], ModelStage] | None = None,
+        layout: ParallelLayout | None = None, split: Callable[[ModelStage], ModelStage] | None = None,
         loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = TinyTransformer.loss,
     ) -> None:  # fmt: skip
-        grid = grid or RankGrid(pp=dist.get_world_size())
-        self.ranks = grid.group_of("pp", dist.get_rank())  # global ranks, one per stage
-        self.rank, self.p = self.ranks.index(dist.get_rank()), grid.pp  # place in the pipeline
+        layout = layout or ParallelLayout(pp=dist.get_world_size())
+        self.ranks = layout.group_of("pp", dist.get_rank())  # global ranks, one per stage
+        self.rank, self.p = self.ranks.index(dist.get_rank()), layout.pp  # place in the pipeline
         B, T = batch_shape
         check_pipeline(config, world=self.p, degree=self.p, batch_size=B)
         self.config, self.loss, m, v = config, loss, config.microbatches, config.chunks
@@ -154,13 +153,13 @@ class Pipeline:
         # Tied tok_emb / lm_head: one matrix on the first stage (rank 0) and the last (rank
         # p - 1). Each gets a part of its gradient; Megatron sums them in a 2-rank group.
         self.tied = None
-        if model.cfg.tie_word_embeddings and self.p > 1:
-            for line in grid.groups("pp"):  # every rank takes part in creating each group
-                group = dist.new_group([line[0], line[-1]], timeout=job_timeout())
-                if line == self.ranks and self.rank == 0:  # the first stage's embedding
-                    self.tied, self.tied_group = self.stages[0].tok_emb.weight, group
-                elif line == self.ranks and self.rank == self.p - 1:  # the last stage's head
-                    self.tied, self.tied_group = self.stages[-1].lm_head.weight, group
+        if model.cfg.tie_word_embeddings and self.p > 1:  # every rank makes every pair's group
+            pairs = [[line[0], line[-1]] for line in layout.groups("pp")]
+            group = new_subgroup(pairs, job_timeout())  # None on the middle stages
+            if self.rank == 0:  # the first stage's embedding
+                self.tied, self.tied_group = self.stages[0].tok_emb.weight, group
+            elif self.rank == self.p - 1:  # the last stage's head
+                self.tied, self.tied_group = self.stages[-1].lm_head.weight, group
         self.saved: dict[tuple[int, int], tuple] = {}  # (micro-batch, chunk) -> F's tensors
         self.activations = SavedActivations()
         self.events: list[Timed] = []

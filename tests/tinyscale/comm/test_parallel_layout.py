@@ -29,10 +29,9 @@ from tinyscale.comm.parallel_layout import (
     stall,
     table,
 )
-from tinyscale.comm.rank_grid import RankGrid, new_groups
 from tinyscale.core.errors import run_cli
 
-PAGE = "week-4/train-any-shape.md"
+PAGE = "week-4/parallelism-2d-3d.md"
 TIMEOUT_S = 2.0  # each group's, in the stall test: small, so the test costs seconds
 MARGIN_S = 1.5  # a loaded CI machine wakes a rank late, never by this much
 
@@ -130,7 +129,7 @@ def test_the_command_line_refuses_a_rank_outside_the_layout(capsys) -> None:
 
 def built_once() -> dict:
     """On each rank: what building a dp_replicate 2 x dp_shard 2 layout made, and its
-    timeouts; then rank_grid's groups, which take the same job timeout."""
+    timeouts."""
     before = dist.get_pg_count()
     layout = ParallelLayout(dp_replicate=2, dp_shard=2)
     built = layout.build(timeout_s=7)
@@ -147,10 +146,6 @@ def built_once() -> dict:
         "timeouts": {a: built.group(a)._get_backend(cpu).options._timeout for a in AXES},
         "tied": (dist.get_process_group_ranks(tied), tied._get_backend(cpu).options._timeout),
         "job": job_timeout(),
-        "grid": {
-            a: g._get_backend(cpu).options._timeout
-            for a, g in new_groups(RankGrid(dp=2, tp=2)).items()
-        },
     }
 
 
@@ -174,7 +169,6 @@ def test_every_group_carries_the_jobs_timeout(four_ranks) -> None:
         assert set(facts["timeouts"].values()) == {timedelta(seconds=7)}  # build(timeout_s=7)
         assert facts["tied"] == ([0, 3] if rank in (0, 3) else [1, 2], timedelta(seconds=7))
         assert facts["job"] == timedelta(seconds=9)  # run_on_ranks(timeout_s=9): the world's
-        assert set(facts["grid"].values()) == {timedelta(seconds=9)}  # rank_grid takes it
 
 
 def test_a_stopped_rank_fails_its_partners_within_the_timeout() -> None:

@@ -14,9 +14,10 @@ import re
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from helpers import one_line_error, prose, recorded_output
-from tinyscale.comm.rank_grid import RankGrid
+from tinyscale.comm.parallel_layout import ParallelLayout
 from tinyscale.composed.three_d import (
     SHAPES,
     check_3d,
@@ -60,7 +61,7 @@ def shapes() -> list[SimpleNamespace]:
     found: list[SimpleNamespace] = []
     for line in recorded_output(PAGE, "three_d import demo")[1:]:
         if m := SHAPE.fullmatch(line):
-            grid = RankGrid(dp=int(m[1]), pp=int(m[2]), tp=int(m[3]))
+            grid = ParallelLayout(pp=int(m[2]), dp_replicate=int(m[1]), tp=int(m[3]))
             losses = [float(x) for x in m[4].split()]
             found.append(SimpleNamespace(grid=grid, losses=losses, loss=float(m[5]), ranks=[],
                                          formulas={}))  # fmt: skip
@@ -81,12 +82,13 @@ def shapes() -> list[SimpleNamespace]:
 
 
 def test_the_page_runs_every_shape_on_its_grid(shapes) -> None:
-    assert [(s.grid.dp, s.grid.pp, s.grid.tp) for s in shapes] == list(SHAPES)
+    assert [(s.grid.dp_replicate, s.grid.pp, s.grid.tp) for s in shapes] == list(SHAPES)
     for s in shapes:
-        assert [r.rank for r in s.ranks] == list(range(s.grid.size))
-        for r in s.ranks:  # tp innermost: rank = (d * pp + p) * tp + t
-            assert r.coordinate == tuple(s.grid.coordinate(r.rank).values())
-            assert r.block == r.coordinate[1]  # 2 blocks, 2 stages: block p on stage p
+        assert [r.rank for r in s.ranks] == list(range(s.grid.world_size))
+        for r in s.ranks:  # pp outermost, tp innermost: rank = (p * dp + d) * tp + t
+            where = s.grid.coordinate(r.rank)
+            assert r.coordinate == (where["pp"], where["dp_replicate"], where["tp"])
+            assert r.block == r.coordinate[0]  # 2 blocks, 2 stages: block p on stage p
 
 
 def test_3d_trains_like_one_process(shapes) -> None:
@@ -104,9 +106,9 @@ def test_bytes_per_group_are_the_formulas(shapes) -> None:
     cfg = preset("tiny")
     for s in shapes:
         for r in s.ranks:
-            f = formulas(cfg, s.grid, r.coordinate[1], batch=BATCH)
+            f = formulas(cfg, s.grid, r.coordinate[0], batch=BATCH)
             assert r.sent == {k: f[k] for k in SENT}, (s.grid, r.rank)
-            assert s.formulas[r.coordinate[1]] == [
+            assert s.formulas[r.coordinate[0]] == [
                 f["params"], f["Adam"], f["tp"], f["pp"], f["tied"], f["dp"]
             ]  # fmt: skip
 
@@ -135,25 +137,27 @@ def test_memory_per_rank_against_the_calculator(shapes) -> None:
     for s in shapes:
         largest = cfg.vocab_size * cfg.hidden_size // s.grid.tp  # the embedding's rows
         for r in s.ranks:
-            f = formulas(cfg, s.grid, r.coordinate[1], batch=BATCH)
+            f = formulas(cfg, s.grid, r.coordinate[0], batch=BATCH)
             assert r.params == f["params"]
             # ZeRO-1 owns whole parameters: within one parameter's 2 Adam moments of 1/dp
-            assert abs(r.state - f["Adam"]) <= (2 * largest if s.grid.dp > 1 else 0)
-            assert r.peak == s.grid.pp - r.coordinate[1]  # 1F1B: stage p holds pp - p
+            assert abs(r.state - f["Adam"]) <= (2 * largest if s.grid.dp_replicate > 1 else 0)
+            assert r.peak == s.grid.pp - r.coordinate[0]  # 1F1B: stage p holds pp - p
         for stage in range(s.grid.pp):  # the dp copies of a stage hold its Adam state once
-            copies = [r.state for r in s.ranks if r.coordinate[1:] == (stage, 0)]
+            copies = [r.state for r in s.ranks if (r.coordinate[0], r.coordinate[2]) == (stage, 0)]
             assert sum(copies) == 2 * s.formulas[stage][0]
         calculator = activation_bytes_estimate(cfg, micro_batch=MICRO_BATCH, seq_len=16,
                                                tensor_parallel=s.grid.tp)  # fmt: skip
-        one_per_stage = {r.coordinate[1]: r.activations for r in s.ranks}
+        one_per_stage = {r.coordinate[0]: r.activations for r in s.ranks}
         assert sum(one_per_stage.values()) == s.activations == s.calculator == calculator
 
 
 def test_the_pages_sentences_are_the_run(shapes) -> None:
     text = prose(PAGE)
-    by = {(s.grid.dp, s.grid.pp, s.grid.tp): s for s in shapes}
+    by = {(s.grid.dp_replicate, s.grid.pp, s.grid.tp): s for s in shapes}
     worst = max(s.loss for s in shapes)
-    assert f"within {worst:.1e} (two float32 spacings near 5.5)" in text
+    spacings = round(worst / (torch.finfo(torch.float32).eps * 4))  # float32 spacing at 5.5
+    count = {1: "one float32 spacing", 2: "two float32 spacings"}[spacings]
+    assert f"within {worst:.1e} ({count} near 5.5)" in text
     assert f"within {max(s.weights for s in shapes):.0e}, the same Adam effect" in text
     pp_tp = by[(1, 2, 2)].ranks
     stage_1 = pp_tp[2].sent
@@ -178,11 +182,12 @@ def test_the_pages_sentences_are_the_run(shapes) -> None:
 
 
 def test_bad_grids_are_one_line_before_any_process_waits() -> None:
-    def check(grid: RankGrid, world: int = 4, batch: int = 8) -> None:
-        check_3d(preset("tiny"), grid, world=world, batch=batch, micro_batch=2)
+    def check(layout: ParallelLayout, world: int = 4, batch: int = 8) -> None:
+        check_3d(preset("tiny"), layout, world=world, batch=batch, micro_batch=2)
 
-    assert one_line_error(check, RankGrid(dp=2, pp=2, tp=2)).endswith("make dp x pp x tp = 4")
-    assert "use at most 2 stages" in one_line_error(check, RankGrid(pp=4))
-    assert "use a size that divides it" in one_line_error(check, RankGrid(tp=3), world=3)
-    message = one_line_error(check, RankGrid(dp=2, pp=2), batch=6)
+    too_many = one_line_error(check, ParallelLayout(pp=2, dp_replicate=2, tp=2))
+    assert too_many.startswith("--pp 2 --dp 2 --tp 2 make 8 ranks but the job has 4")
+    assert "use at most 2 stages" in one_line_error(check, ParallelLayout(pp=4))
+    assert "use a size that divides it" in one_line_error(check, ParallelLayout(tp=3), world=3)
+    message = one_line_error(check, ParallelLayout(pp=2, dp_replicate=2), batch=6)
     assert message.endswith("use a batch that dp x micro-batch divides")
