@@ -196,58 +196,54 @@ def train(run: Run, data: LMData, tracker: Mirror | None = None) -> dict[str, An
 
     # --8<-- [start:loop]
     tokens_seen, seconds, own_losses, last_global = 0, 0.0, [], float("nan")
-    while step < plan.stop_at:
-        epoch, batch_in_epoch = plan.position(step)
-        for indices in rank_batches(sampler, split, epoch)[batch_in_epoch:]:
-            if step + 1 == args.fail_step and env.rank == args.fail_rank and restarts == 0:
-                raise RuntimeError(f"injected failure on rank {env.rank} at step {step + 1}")
-            t0 = time.perf_counter()
-            x, y = get_batch(data.train, indices, device)  # (micro x accum, T) each
-            lr = lr_at(step, cfg, plan.total_steps)
-            micro = split.micro_batch_size
-            result = train_step(
-                loss_fn=lambda inputs, targets: ddp(inputs, targets)[1],  # DDP's forward
-                micro_batches=zip(x.split(micro), y.split(micro), strict=True),
-                accumulation_steps=split.grad_accum_steps,
-                # DDP all-reduces in every backward; no_sync() skips that but on the last
-                # micro-batch, whose backward all-reduces the sum: once per step
-                sync=lambda last: contextlib.nullcontext() if last else ddp.no_sync(),
-                optimizer=optimizer,
-                lr=lr,
-                # mixed precision: autocast around every forward; with fp16, the scaler
-                # scales each loss and unscales the gradients before they are clipped
-                autocast=lambda: autocast_context(device, cfg.precision),
-                scaler=scaler,
-                max_norm=cfg.grad_clip,
-                clip_params=model.parameters(),
-            )  # after the backward passes, p.grad is the same on every rank: their average
-            loss = result.loss  # this rank's: the mean over its micro-batches
-            step += 1
-            stats = StepStats(step=step, loss=loss, samples=len(indices), tokens=x.numel(),
-                              seconds=time.perf_counter() - t0, inputs=x)  # fmt: skip
-            tokens_seen, seconds = tokens_seen + stats.tokens, seconds + stats.seconds
-            own_losses.append(loss)
-            global_loss = torch.tensor([loss], dtype=torch.float64, device=device)
-            if not (step == args.hang_step and env.rank == args.hang_rank):  # the hang lab
-                dist.all_reduce(global_loss)  # SUM, only for the log: the mean over ranks
-            last_global = global_loss.item() / env.world_size
-            sync = rank_spread(parameter_fingerprint(model).to(device))  # 0.0: all in sync
-            if sync != 0.0:
-                raise RuntimeError(f"parameters diverged across ranks at step {step}: {sync}")
-            if step % cfg.log_every == 0 or step == plan.stop_at:
-                log.info(log_line(stats, plan.total_steps, last_global, sync))
-            if tracker is not None:  # every step: this rank's loss and speed, the job's loss
-                values = dict(loss=loss, global_loss=last_global, lr=lr, grad_norm=result.grad_norm)
-                values |= {name: fn(stats) for name, fn in RANK_METRICS.items()}
-                tracker.log({f"train/{k}": v for k, v in values.items()}, step=step)
-            if step % cfg.checkpoint_every == 0 or step == plan.stop_at:
-                state = training_state(model=model, optimizer=optimizer, cfg=cfg, step=step,
-                                       epoch=step // plan.steps_per_epoch, device=device,
-                                       scaler=scaler)  # fmt: skip
-                path = Path(cfg.output_dir) / "checkpoints" / f"{checkpoint_name(step)}.pt"
-                save_replicated(state, path, env, device)  # with every rank's RNG state
-            if step == plan.stop_at:
-                break
+    for _, indices in plan.batches(step, lambda epoch: rank_batches(sampler, split, epoch)):
+        if step + 1 == args.fail_step and env.rank == args.fail_rank and restarts == 0:
+            raise RuntimeError(f"injected failure on rank {env.rank} at step {step + 1}")
+        t0 = time.perf_counter()
+        x, y = get_batch(data.train, indices, device)  # (micro x accum, T) each
+        lr = lr_at(step, cfg, plan.total_steps)
+        micro = split.micro_batch_size
+        result = train_step(
+            loss_fn=lambda inputs, targets: ddp(inputs, targets)[1],  # DDP's forward
+            micro_batches=zip(x.split(micro), y.split(micro), strict=True),
+            accumulation_steps=split.grad_accum_steps,
+            # DDP all-reduces in every backward; no_sync() skips that but on the last
+            # micro-batch, whose backward all-reduces the sum: once per step
+            sync=lambda last: contextlib.nullcontext() if last else ddp.no_sync(),
+            optimizer=optimizer,
+            lr=lr,
+            # mixed precision: autocast around every forward; with fp16, the scaler
+            # scales each loss and unscales the gradients before they are clipped
+            autocast=lambda: autocast_context(device, cfg.precision),
+            scaler=scaler,
+            max_norm=cfg.grad_clip,
+            clip_params=model.parameters(),
+        )  # after the backward passes, p.grad is the same on every rank: their average
+        loss = result.loss  # this rank's: the mean over its micro-batches
+        step += 1
+        stats = StepStats(step=step, loss=loss, samples=len(indices), tokens=x.numel(),
+                          seconds=time.perf_counter() - t0, inputs=x)  # fmt: skip
+        tokens_seen, seconds = tokens_seen + stats.tokens, seconds + stats.seconds
+        own_losses.append(loss)
+        global_loss = torch.tensor([loss], dtype=torch.float64, device=device)
+        if not (step == args.hang_step and env.rank == args.hang_rank):  # the hang lab
+            dist.all_reduce(global_loss)  # SUM, only for the log: the mean over ranks
+        last_global = global_loss.item() / env.world_size
+        sync = rank_spread(parameter_fingerprint(model).to(device))  # 0.0: all in sync
+        if sync != 0.0:
+            raise RuntimeError(f"parameters diverged across ranks at step {step}: {sync}")
+        if step % cfg.log_every == 0 or step == plan.stop_at:
+            log.info(log_line(stats, plan.total_steps, last_global, sync))
+        if tracker is not None:  # every step: this rank's loss and speed, the job's loss
+            values = dict(loss=loss, global_loss=last_global, lr=lr, grad_norm=result.grad_norm)
+            values |= {name: fn(stats) for name, fn in RANK_METRICS.items()}
+            tracker.log({f"train/{k}": v for k, v in values.items()}, step=step)
+        if step % cfg.checkpoint_every == 0 or step == plan.stop_at:
+            state = training_state(model=model, optimizer=optimizer, cfg=cfg, step=step,
+                                   epoch=step // plan.steps_per_epoch, device=device,
+                                   scaler=scaler)  # fmt: skip
+            path = Path(cfg.output_dir) / "checkpoints" / f"{checkpoint_name(step)}.pt"
+            save_replicated(state, path, env, device)  # with every rank's RNG state
     # --8<-- [end:loop]
 
     # --8<-- [start:summary]

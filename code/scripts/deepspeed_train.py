@@ -192,46 +192,40 @@ def train(run: Run, data: LMData) -> dict[str, Any]:
         history = read_metrics(old) if step and old.is_file() else None
         metrics = MetricsLogger(Path(cfg.output_dir), history=history, resume_step=step)
     tokens, seconds, loss_now = 0, 0.0, math.nan
-    while step < plan.stop_at:
-        epoch, batch_in_epoch = plan.position(step)
-        for indices in rank_batches(sampler, split, epoch)[batch_in_epoch:]:
-            t0 = time.perf_counter()
-            x, y = get_batch(data.train, indices, device)  # (micro x accum, T) each
-            lr = engine.get_lr()[0]  # what this step uses: the schedule at `step`
-            losses = []
-            micro = zip(
-                x.split(split.micro_batch_size), y.split(split.micro_batch_size), strict=True
+    for _, indices in plan.batches(step, lambda epoch: rank_batches(sampler, split, epoch)):
+        t0 = time.perf_counter()
+        x, y = get_batch(data.train, indices, device)  # (micro x accum, T) each
+        lr = engine.get_lr()[0]  # what this step uses: the schedule at `step`
+        losses = []
+        micro = zip(x.split(split.micro_batch_size), y.split(split.micro_batch_size), strict=True)
+        for xm, ym in micro:
+            _, loss = engine(xm, ym)
+            engine.backward(loss)  # scales by 1/accum; ZeRO reduces (and partitions) grads
+            engine.step()  # clips, steps and zeroes only at the accumulation boundary
+            losses.append(loss.item())
+        step += 1
+        seconds += time.perf_counter() - t0
+        tokens += x.numel()
+        mean = torch.tensor([sum(losses) / len(losses)], dtype=torch.float64, device=device)
+        dist.all_reduce(mean)  # SUM over ranks, for the log: the loss of the global batch
+        loss_now = mean.item() / env.world_size
+        if metrics is not None:
+            metrics.log(step, "train", loss=loss_now, lr=lr)
+        if step == resume_step + 1:
+            held = engine_state_bytes(engine)  # after a step: Adam's moments exist now
+            log.info(
+                f"this rank holds weights {human_bytes(held.params)} + optimizer state "
+                f"{human_bytes(held.optimizer)}"
             )
-            for xm, ym in micro:
-                _, loss = engine(xm, ym)
-                engine.backward(loss)  # scales by 1/accum; ZeRO reduces (and partitions) grads
-                engine.step()  # clips, steps and zeroes only at the accumulation boundary
-                losses.append(loss.item())
-            step += 1
-            seconds += time.perf_counter() - t0
-            tokens += x.numel()
-            mean = torch.tensor([sum(losses) / len(losses)], dtype=torch.float64, device=device)
-            dist.all_reduce(mean)  # SUM over ranks, for the log: the loss of the global batch
-            loss_now = mean.item() / env.world_size
+        if step % cfg.log_every == 0 or step == plan.stop_at:
+            log.info(f"step {step:4d}/{plan.total_steps} | loss {loss_now:.4f} | lr {lr:.2e}")
+        if step % cfg.checkpoint_every == 0 or step == plan.stop_at:
             if metrics is not None:
-                metrics.log(step, "train", loss=loss_now, lr=lr)
-            if step == resume_step + 1:
-                held = engine_state_bytes(engine)  # after a step: Adam's moments exist now
-                log.info(
-                    f"this rank holds weights {human_bytes(held.params)} + optimizer state "
-                    f"{human_bytes(held.optimizer)}"
-                )
-            if step % cfg.log_every == 0 or step == plan.stop_at:
-                log.info(f"step {step:4d}/{plan.total_steps} | loss {loss_now:.4f} | lr {lr:.2e}")
-            if step % cfg.checkpoint_every == 0 or step == plan.stop_at:
-                if metrics is not None:
-                    metrics.flush()
-                path = save_deepspeed(engine, Path(cfg.output_dir, "checkpoints"), step=step,
-                                      device=device, ds_config=run.ds_config,
-                                      config_path=run.args.deepspeed_config)  # fmt: skip
-                log.info(f"saved {path}")
-            if step == plan.stop_at:
-                break
+                metrics.flush()
+            path = save_deepspeed(engine, Path(cfg.output_dir, "checkpoints"), step=step,
+                                  device=device, ds_config=run.ds_config,
+                                  config_path=run.args.deepspeed_config)  # fmt: skip
+            log.info(f"saved {path}")
     # --8<-- [end:loop]
 
     # --8<-- [start:summary]

@@ -8,8 +8,9 @@ import dataclasses
 import math
 import random
 import time
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from tqdm import tqdm
@@ -30,6 +31,8 @@ from tinyscale.core.metrics import WANDB_MODES, MetricsLogger, Mirror, plot_loss
 from tinyscale.core.model import TinyTransformer
 from tinyscale.core.precision import PRECISIONS
 from tinyscale.core.step import train_step
+
+B = TypeVar("B")  # one batch, whatever a loop's order yields
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -143,6 +146,17 @@ class StepPlan:
     def position(self, step: int) -> tuple[int, int]:
         """(epoch, batch within it) of the next step after ``step``: where a resume goes on."""
         return divmod(step, self.steps_per_epoch)
+
+    def batches(self, step: int, order: Callable[[int], Sequence[B]]) -> Iterator[tuple[int, B]]:
+        """(epoch, batch) of every step after ``step``, up to ``stop_at``: ``order(epoch)``
+        is that epoch's batches, and a resume goes on mid-epoch where it stopped."""
+        while step < self.stop_at:
+            epoch, within = self.position(step)
+            for batch in order(epoch)[within:]:
+                yield epoch, batch
+                step += 1
+                if step == self.stop_at:
+                    return
 
 
 def plan_steps(steps_per_epoch: int, cfg: TrainConfig, *, samples: int) -> StepPlan:
@@ -274,35 +288,32 @@ def train(
     )  # fmt: skip
     start, trained_seconds, first_step = time.perf_counter(), 0.0, step
     final = None
-    while step < plan.stop_at:
-        epoch, batch_in_epoch = plan.position(step)
-        batches = epoch_batches(len(data.train), cfg.global_batch_size, seed=cfg.seed, epoch=epoch)
-        for indices in batches[batch_in_epoch:]:
-            t0 = time.perf_counter()
-            x, y = get_batch(data.train, indices, device)
-            lr = lr_at(step, cfg, plan.total_steps)
-            result = train_step(
-                loss_fn=lambda inputs, targets: model(inputs, targets)[1],  # (logits, loss)
-                micro_batches=[(x, y)], optimizer=optimizer, lr=lr,
-                max_norm=cfg.grad_clip, clip_params=model.parameters(),
-            )  # fmt: skip
-            step += 1
-            seconds = time.perf_counter() - t0
-            trained_seconds += seconds
-            logger.log(
-                step, "train", loss=result.loss, lr=lr, grad_norm=result.grad_norm, epoch=epoch + 1,
-                measured={"tokens_per_second": tokens_per_step / seconds},
-            )  # fmt: skip
-            bar.update()
-            bar.set_postfix(loss=f"{result.loss:.3f}")
-            if step % cfg.eval_every == 0 or step == plan.total_steps:  # not at an early stop:
-                show_heldout(
-                    (step - first_step) * tokens_per_step / trained_seconds
-                )  # resumes match
-            if step % cfg.checkpoint_every == 0 or step == plan.stop_at:
-                final = checkpoint()
-            if step == plan.stop_at:
-                break
+
+    def order(epoch: int) -> list[list[int]]:  # the same shuffle on a resume: seed and epoch
+        return epoch_batches(len(data.train), cfg.global_batch_size, seed=cfg.seed, epoch=epoch)
+
+    for epoch, indices in plan.batches(step, order):
+        t0 = time.perf_counter()
+        x, y = get_batch(data.train, indices, device)
+        lr = lr_at(step, cfg, plan.total_steps)
+        result = train_step(
+            loss_fn=lambda inputs, targets: model(inputs, targets)[1],  # (logits, loss)
+            micro_batches=[(x, y)], optimizer=optimizer, lr=lr,
+            max_norm=cfg.grad_clip, clip_params=model.parameters(),
+        )  # fmt: skip
+        step += 1
+        seconds = time.perf_counter() - t0
+        trained_seconds += seconds
+        logger.log(
+            step, "train", loss=result.loss, lr=lr, grad_norm=result.grad_norm, epoch=epoch + 1,
+            measured={"tokens_per_second": tokens_per_step / seconds},
+        )  # fmt: skip
+        bar.update()
+        bar.set_postfix(loss=f"{result.loss:.3f}")
+        if step % cfg.eval_every == 0 or step == plan.total_steps:  # not at an early stop:
+            show_heldout((step - first_step) * tokens_per_step / trained_seconds)  # resumes match
+        if step % cfg.checkpoint_every == 0 or step == plan.stop_at:
+            final = checkpoint()
     bar.close()
     logger.close()
     plot_loss_curves({"TinyTransformer": logger.records}, out / "loss_curve.png")
