@@ -191,18 +191,3 @@ def test_node_rank_and_nnodes_from_the_environment_are_checked_too(
         capsys.readouterr().err
         == "error: NODE_RANK='one' is not a whole number: export NODE_RANK=0, 1, ...\n"
     )
-
-
-def test_the_process_table_without_proc_is_the_one_ps_gives(tmp_path: Path) -> None:
-    """macOS has no /proc: the launcher asks ps, and finds the same parents."""
-    launcher = load_script("fake_multi_node_launcher")
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    try:
-        from_proc = launcher.process_table()
-        from_ps = launcher.process_table(tmp_path / "no-proc")
-        assert from_ps[os.getpid()][0] == from_proc[os.getpid()][0] == os.getppid()
-        assert from_ps[child.pid][0] == os.getpid()
-        assert child.pid in [pid for pid, _ in launcher.descendants(os.getpid())]
-    finally:
-        child.kill()
-        child.wait()

@@ -7,6 +7,7 @@ imports them.
 
     module          taught on
     multinode       workshop/lab-3.md
+    agents          workshop/lab-3.md
     log_merge       workshop/lab-3.md
     k8s_check       workshop/kubernetes.md
     gpu_probe       operations/gpu-stack.md
