@@ -1,5 +1,5 @@
 # --8<-- [start:map]
-"""tinyscale.compat: third-party engines on the course's model. DeepSpeed and torchtitan.
+"""tinyscale.compat: third-party engines on the course's model: DeepSpeed, torchtitan, Accelerate.
 
 Each module reads an engine's own configs, patches what it needs on a CPU, or proves it
 equal to what the course built. They may import any of tinyscale.core, tinyscale.comm,
@@ -7,6 +7,7 @@ tinyscale.data_parallel and the folder of each model parallelism (pipeline_paral
 tensor_parallel, expert_parallel); those never import them.
 
     module              taught on
+    accelerate_log      workshop/accelerate.md
     deepspeed_config    workshop/deepspeed.md
     deepspeed_checkpoint workshop/deepspeed.md
     deepspeed_costs     week-2/deepspeed-zero.md, workshop/deepspeed.md
