@@ -107,6 +107,20 @@ def test_the_step_plan_of_a_run_stopped_early() -> None:
         plan_steps(0, TrainConfig(global_batch_size=16), samples=8)
 
 
+def test_the_plans_batches_go_on_where_a_resume_left_off() -> None:
+    """Every step's (epoch, batch) once, in order, from any step to stop_at: a run resumed
+    at step k sees exactly the batches the uninterrupted run saw after step k."""
+    plan = plan_steps(3, TrainConfig(epochs=3, max_steps=7), samples=48)
+
+    def order(epoch: int) -> list[str]:
+        return [f"e{epoch}b{b}" for b in range(3)]
+
+    whole = list(plan.batches(0, order))
+    assert whole == [(e, f"e{e}b{b}") for e in range(3) for b in range(3)][:7]
+    for k in range(8):
+        assert list(plan.batches(k, order)) == whole[k:]
+
+
 def test_train_config_defaults_are_valid() -> None:
     cfg = TrainConfig()
     assert cfg.epochs > 0 and cfg.max_steps is None
