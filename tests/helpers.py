@@ -71,6 +71,16 @@ def load_tool(name: str) -> ModuleType:
     return load_script(name, folder="tools")
 
 
+def load_bench(name: str) -> ModuleType:
+    """Import benchmarks/<name>.py, with benchmarks/ on the path while it imports its
+    siblings (timing, bench_zero): the same model and sizes the benchmark measured."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
 # Page code that uses the course's SLURM cluster (one per machine, in build/slurm): such
 # pages run one after another, in one group (conftest.py).
 SLURM_COMMANDS = re.compile(r"\b(sbatch|srun|scontrol|squeue|scancel|sinfo|sacct|make)\b")

@@ -19,11 +19,19 @@ its sentence against the recorded benchmark; this one checks:
 from __future__ import annotations
 
 import re
-import sys
 
 import pytest
 
-from helpers import ROOT, fails_when_changed, load_script, load_tool, prose, recorded_output, said
+from helpers import (
+    ROOT,
+    fails_when_changed,
+    load_bench,
+    load_script,
+    load_tool,
+    prose,
+    recorded_output,
+    said,
+)
 
 PAGE = "week-2/comparison.md"
 WEEK2 = ROOT / "docs" / "generated" / "week2"
@@ -50,12 +58,9 @@ def check_model(text: str) -> None:
         r"the same model \((\d+) blocks, hidden (\d+), ([\d.]+) M parameters\) sharded four "
         r"ways in the same two processes",
     )
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from bench_sharding import VARIANTS, WORLD
-        from bench_zero import CFG
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    sharding = load_bench("bench_sharding")
+    VARIANTS, WORLD = sharding.VARIANTS, sharding.WORLD
+    CFG = load_bench("bench_zero").CFG
     from tinyscale.core.model import TinyTransformer
 
     params = sum(p.numel() for p in TinyTransformer(CFG).parameters())

@@ -22,11 +22,19 @@ tests/tinyscale/data_parallel/test_zero.py, where the parity run is.
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from helpers import ROOT, fails_when_changed, load_script, load_tool, prose, recorded_output, said
+from helpers import (
+    ROOT,
+    fails_when_changed,
+    load_bench,
+    load_script,
+    load_tool,
+    prose,
+    recorded_output,
+    said,
+)
 from tinyscale.comm.comm_model import ring_allreduce_bytes
 from tinyscale.core.config import preset
 from tinyscale.core.model import TinyTransformer
@@ -164,11 +172,8 @@ def check_models(text: str) -> None:
         r"trains the benchmark model \((\d+) blocks, hidden (\d+), ([\d.]+) M parameters\) on "
         r"two ranks",
     )
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        from bench_zero import CFG, WORLD
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    bench = load_bench("bench_zero")
+    CFG, WORLD = bench.CFG, bench.WORLD
     params = sum(p.numel() for p in TinyTransformer(CFG).parameters())
     assert (int(blocks), int(hidden), WORLD) == (CFG.num_hidden_layers, CFG.hidden_size, 2)
     assert float(millions) == round(params / 1e6, 1)
