@@ -23,10 +23,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from tinyscale.comm.dist import require_process_group
+from tinyscale.comm.dist import in_one_call, require_process_group
 from tinyscale.core.errors import UsageError
 from tinyscale.core.memory import storage_bytes
-from tinyscale.data_parallel.zero import Unit, install_gather_hooks
+from tinyscale.data_parallel.reduce_order import ReduceOrder
+from tinyscale.data_parallel.zero import Unit, claim_units, install_gather_hooks
 
 # --8<-- [end:header]
 
@@ -58,18 +59,16 @@ class FullyShardedModel(nn.Module):
                 )
         self.module, self.group = module, group
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
-        claimed: set[nn.Parameter] = set()
-        groups = []
-        for m in [*units, module]:  # inner units first; the root takes what is left
-            params = [p for p in m.parameters() if p.requires_grad and p not in claimed]
-            claimed.update(params)
-            if params:
-                groups.append((m, params))
+        groups = claim_units(module, units)  # Week 2's rule: inner units first, then the root
         if not groups:
             raise UsageError(
                 f"{type(module).__name__} has no trainable parameters: nothing to shard"
             )
+        claimed = {p for _, params in groups for p in params}
         order = [p for p in module.parameters() if p in claimed]  # the module's order
+        frozen = [p for p in module.parameters() if p not in claimed]  # requires_grad=False
+        if frozen:  # not sharded: every rank keeps them whole, as the group's first rank has them
+            in_one_call(frozen, lambda flat: dist.broadcast(flat, group=group, group_src=0))
         self.units = [
             Unit(type(m).__name__, ps, rank=self.rank, world=self.world) for m, ps in groups
         ]
@@ -83,6 +82,10 @@ class FullyShardedModel(nn.Module):
             unit.params = [full[id(p)] for p in unit.params]
             self._install_hooks(m, unit)
             self._free(unit)
+        root = self.units[-1] if groups[-1][0] is module else None
+        self.reduce_order = ReduceOrder(self.units, root=root, reduce=self._reduce_scatter)
+        for (m, _), unit in zip(groups, self.units, strict=True):
+            self.reduce_order.watch(m, unit)
         refuse = functools.partial(refuse_replaced, {id(p): weakref.ref(p) for p in order})
         weakref.finalize(self, register_optimizer_step_pre_hook(refuse).remove)
 
@@ -119,24 +122,22 @@ class FullyShardedModel(nn.Module):
         unit.gathered = True
 
     def _install_hooks(self, module: nn.Module, unit: Unit) -> None:
-        """Gather before forward, free after; gather again when backward reaches the outputs;
-        reduce-scatter once the unit's last gradient has arrived (Week 2's hooks)."""
+        """Gather before forward, free after; gather again when backward reaches the outputs
+        (Week 2's hooks). The reduce-scatters: ReduceOrder, Week 2's too."""
         gather = functools.partial(self._gather, unit)
         install_gather_hooks(module, forward=gather, backward=gather, free=lambda: self._free(unit))
-        for p in unit.params:
-            p.register_post_accumulate_grad_hook(lambda p: self._reduce_scatter(unit))
 
     # --8<-- [end:hooks]
 
     # --8<-- [start:reduce]
     @torch.no_grad()
     def _reduce_scatter(self, unit: Unit) -> None:
-        """The group's average of my slice of the unit's gradient, into ``shard.grad``."""
-        unit.arrived += 1
-        if unit.arrived < len(unit.params):
-            return
-        unit.arrived = 0
-        full = unit.flat_grads()  # padded with zeros: the padding's gradient is 0
+        """The group's average of my slice of the unit's gradient, into ``shard.grad``.
+
+        Called once per backward and unit, in the same order on every rank: when backward
+        has passed the unit, or when it ends (ReduceOrder, Week 2's).
+        """
+        full = unit.flat_grads()  # padded with zeros; a missing gradient is zeros too
         for p in unit.params:
             p.grad = None  # the full gradients are gone ...
         mine = full.new_empty(unit.shard_size)

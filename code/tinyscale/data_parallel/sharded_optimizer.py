@@ -13,7 +13,7 @@ updated. The gradients must be averaged over the group first: by DDP's all-reduc
 at half its traffic, by ``reduce_gradients``, which sends each owner only its own.
 """
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -50,53 +50,85 @@ def partition(sizes: list[int], ranks: int) -> list[int]:
 
 
 # --8<-- [start:optimizer]
-class ShardedOptimizer:
-    """ZeRO-1: ``ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)``."""
+class ShardedOptimizer(torch.optim.Optimizer):
+    """ZeRO-1: ``ShardedOptimizer(model.parameters(), torch.optim.AdamW, lr=1e-3)``.
+
+    A torch optimizer itself: ``params`` may be dict groups with their own settings, an
+    LR scheduler changes ``param_groups``, and ``state_dict()`` is this rank's shard.
+    A frozen parameter (``requires_grad=False``) gets no owner: nobody steps or sends it.
+    """
 
     def __init__(
         self,
-        params: Iterable[nn.Parameter],
+        params: Iterable[nn.Parameter] | Iterable[dict[str, Any]],
         optimizer_class: type[torch.optim.Optimizer],
         *,
         group: dist.ProcessGroup | None = None,
         **defaults: Any,
     ) -> None:
         require_process_group("ShardedOptimizer")
-        self.params, self.group = list(params), group
-        ranks, rank = dist.get_world_size(group), dist.get_rank(group)
-        self.owners = partition([p.numel() for p in self.params], ranks)
-        self.mine = [p for p, owner in zip(self.params, self.owners, strict=True) if owner == rank]
-        self.optimizer = optimizer_class(self.mine, **defaults)  # state for my share only
-        self.senders = [dist.get_global_rank(group, r) if group else r for r in range(ranks)]
+        super().__init__(params, defaults)  # self.param_groups: every parameter, every setting
+        self.group, self.rank = group, dist.get_rank(group)
+        self.params = [p for g in self.param_groups for p in g["params"] if p.requires_grad]
+        self.owners = partition([p.numel() for p in self.params], dist.get_world_size(group))
+        self.mine = self.owned_by(self.rank)
+        mine = set(self.mine)
+        self.optimizer = optimizer_class(  # one group per group, with my parameters only
+            [{**g, "params": [p for p in g["params"] if p in mine]} for g in self.param_groups]
+        )
+        for ours, inner in zip(self.param_groups, self.optimizer.param_groups, strict=True):
+            for key, value in inner.items():  # the class's defaults (betas, eps ...) show too
+                ours.setdefault(key, value)
+        self.state = self.optimizer.state  # state for my share only: what state_dict() saves
+        ranks = range(dist.get_world_size(group))
+        self.senders = [dist.get_global_rank(group, r) if group else r for r in ranks]
+
+    def owned_by(self, owner: int) -> list[nn.Parameter]:
+        return [p for p, o in zip(self.params, self.owners, strict=True) if o == owner]
 
     def reduce_gradients(self) -> None:
         """ZeRO's own gradient exchange, in place of DDP's all-reduce: each owner receives the
         average of its parameters' gradients, nobody else does. One reduce per owner sends
-        (N - 1)/N of the gradients per rank, half an all-reduce's 2(N - 1)/N."""
+        (N - 1)/N of the gradients per rank, half an all-reduce's 2(N - 1)/N. A parameter
+        this rank's batch did not use adds zeros, so every rank sends the same sizes."""
         for owner, receiver in enumerate(self.senders):
-            params = [p for p, o in zip(self.params, self.owners, strict=True) if o == owner]
-            flat = flat_parameters(params, grads=True)
+            params = self.owned_by(owner)
+            flat = torch.cat([p.new_zeros(p.numel()) if p.grad is None else p.grad.flatten()
+                              for p in params])  # fmt: skip
             dist.reduce(flat, dst=receiver, group=self.group)
-            if owner == dist.get_rank(self.group):  # the others' sums are not theirs to use
+            if owner == self.rank:  # the others' sums are not theirs to use
                 flat /= dist.get_world_size(self.group)
                 for p, g in zip(params, flat.split([p.numel() for p in params]), strict=True):
-                    p.grad.copy_(g.view_as(p))
+                    p.grad = g.view_as(p)  # a view of my owners' flat average
 
-    def step(self) -> None:
-        self.optimizer.step()  # my parameters, with the averaged gradients
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        for ours, inner in zip(self.param_groups, self.optimizer.param_groups, strict=True):
+            inner.update({k: v for k, v in ours.items() if k != "params"})  # a scheduler's lr
+        loss = self.optimizer.step(closure)  # my parameters, with the averaged gradients
         with torch.no_grad():
             for owner, sender in enumerate(self.senders):  # one broadcast per owner
-                params = [p for p, o in zip(self.params, self.owners, strict=True) if o == owner]
                 in_one_call(
-                    params, lambda flat, src=sender: dist.broadcast(flat, src=src, group=self.group)
+                    self.owned_by(owner),
+                    lambda flat, src=sender: dist.broadcast(flat, src=src, group=self.group),
                 )
+        return loss
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for p in self.params:
-            if set_to_none:
-                p.grad = None
-            elif p.grad is not None:
-                p.grad.zero_()
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's shard, in torch's format (``state`` keyed by place in param_groups),
+        with the rank and the partition it belongs to: each rank saves its own."""
+        return super().state_dict() | {"rank": self.rank, "owners": self.owners}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore what ``state_dict()`` saved on this rank, for the same parameters."""
+        rank, owners = state_dict.get("rank"), state_dict.get("owners")
+        if (rank, owners) != (self.rank, self.owners):
+            whose = "no ShardedOptimizer's" if owners is None else f"rank {rank}'s shard"
+            raise UsageError(
+                f"this optimizer state is {whose}, not rank {self.rank}'s of these parameters: "
+                "each rank loads the file it saved, with the same parameters and world size"
+            )
+        super().load_state_dict({k: state_dict[k] for k in ("state", "param_groups")})
+        self.optimizer.state = self.state  # torch made a new dict: the inner one steps it
 
     def state_elements(self) -> int:
         """Elements of optimizer state this rank holds (tensors only: Adam's 'step' aside)."""

@@ -18,7 +18,7 @@ Only core collectives: all_reduce, reduce_scatter_single, all_gather_single, bro
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -29,6 +29,7 @@ from tinyscale.comm.dist import require_process_group
 from tinyscale.core.errors import UsageError
 from tinyscale.core.memory import storage_bytes
 from tinyscale.core.parity import flat_parameters
+from tinyscale.data_parallel.reduce_order import ReduceOrder
 
 ZERO_STAGES = (0, 1, 2, 3)
 OPTIMIZERS = ("adamw",)
@@ -71,13 +72,30 @@ class Unit:
                 self.flat[offset : offset + p.numel()].copy_(p.flatten())
             p.data = self.flat[offset : offset + p.numel()].view_as(p)  # a view, no copy
             offset += p.numel()
-        self.arrived = 0  # gradients accumulated this backward (stages 2 and 3)
         self.gathered = True
 
     def flat_grads(self) -> torch.Tensor:
-        """The unit's gradients in one padded buffer (a new tensor: stages 2 and 3)."""
-        padding = self.flat.new_zeros(self.flat.numel() - self.numel)
-        return torch.cat([*(p.grad.reshape(-1) for p in self.params), padding])  # one copy
+        """The unit's gradients in one padded buffer (a new tensor: stages 2 and 3).
+        A parameter without a gradient (unused by this rank's batch) adds zeros."""
+        grads = [self.flat.new_zeros(p.numel()) if p.grad is None else p.grad.reshape(-1)
+                 for p in self.params]  # fmt: skip
+        return torch.cat([*grads, self.flat.new_zeros(self.flat.numel() - self.numel)])
+
+
+def claim_units(
+    module: nn.Module, units: Iterable[nn.Module]
+) -> list[tuple[nn.Module, list[nn.Parameter]]]:
+    """(module, its parameters) per unit: each named unit claims its trainable parameters,
+    inner units first; the root, ``module``, takes the rest (it comes last, if it has any).
+    A frozen parameter (``requires_grad=False``) joins no unit: it stays whole on every rank."""
+    claimed: set[nn.Parameter] = set()
+    groups = []
+    for m in [*units, module]:
+        params = [p for p in m.parameters() if p.requires_grad and p not in claimed]
+        claimed.update(params)
+        if params:
+            groups.append((m, params))
+    return groups
 
 
 # --8<-- [end:unit]
@@ -172,13 +190,7 @@ class ZeRO(nn.Module):
         require_process_group("ZeRO")
         self.module, self.stage = module, stage
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
-        claimed: set[nn.Parameter] = set()
-        groups = []
-        for m in [*units, module]:  # inner units first; the root takes what is left
-            params = [p for p in m.parameters() if p.requires_grad and p not in claimed]
-            claimed.update(params)
-            if params:
-                groups.append((m, params))
+        groups = claim_units(module, units)
         self.units = [
             Unit(type(m).__name__, ps, rank=self.rank, world=self.world) for m, ps in groups
         ]
@@ -189,10 +201,11 @@ class ZeRO(nn.Module):
         if stage == 3:
             for (m, _), unit in zip(groups, self.units, strict=True):
                 self._install_gather_hooks(m, unit)
-        if stage >= 2:
-            for unit in self.units:
-                for p in unit.params:
-                    p.register_post_accumulate_grad_hook(lambda p, u=unit: self._grad_arrived(u))
+        if stage >= 2:  # reduce-scatter inside backward, in one order on every rank
+            root = self.units[-1] if groups and groups[-1][0] is module else None
+            self.reduce_order = ReduceOrder(self.units, root=root, reduce=self._reduce_scatter)
+            for (m, _), unit in zip(groups, self.units, strict=True):
+                self.reduce_order.watch(m, unit)
         self.peak_state_bytes = 0
 
     def forward(self, *args, **kwargs):
@@ -220,15 +233,12 @@ class ZeRO(nn.Module):
     # --8<-- [end:allocate]
 
     # --8<-- [start:stage2]
-    def _grad_arrived(self, unit: Unit) -> None:
-        """Stages 2-3: once a unit's last gradient has arrived, reduce-scatter it and free it.
+    def _reduce_scatter(self, unit: Unit) -> None:
+        """Stages 2-3: reduce-scatter a unit's gradients and free them (ReduceOrder calls this
+        once backward has passed the unit, or when backward ends).
 
-        Runs inside backward, so the full gradients of only one unit exist at a time.
+        Runs inside backward: in a stack of blocks, only this unit has full gradients now.
         """
-        unit.arrived += 1
-        if unit.arrived < len(unit.params):
-            return
-        unit.arrived = 0
         full = unit.flat_grads()
         self.sample(extra=full.nbytes)  # the peak: this unit's gradients are alive twice now
         for p in unit.params:

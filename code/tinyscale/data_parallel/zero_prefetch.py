@@ -20,6 +20,8 @@ Core collectives (all_gather_single and reduce_scatter_single with ``async_op=Tr
 and Week 1's ring_reduce_scatter.
 """
 
+import weakref
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -55,6 +57,7 @@ class PrefetchZeRO3(ZeRO):
         self.trace: list[Unit] = []  # units in the order this step used them
         self.plan: list[Unit] = []  # ... and the previous step's order: what to prefetch
         super().__init__(module, stage=3, **kwargs)
+        weakref.finalize(self, _drop, self.gathering, self.reducing)  # collected, or at exit
 
     def _install_gather_hooks(self, module: nn.Module, unit: Unit) -> None:
         use = lambda: self._use(unit)  # noqa: E731 (forward and backward alike)
@@ -103,12 +106,8 @@ class PrefetchZeRO3(ZeRO):
     # --8<-- [end:prefetch]
 
     # --8<-- [start:reduce]
-    def _grad_arrived(self, unit: Unit) -> None:
-        """Week 2's stage-2/3 hook, with the ring's reduce-scatter or one in the background."""
-        unit.arrived += 1
-        if unit.arrived < len(unit.params):
-            return
-        unit.arrived = 0
+    def _reduce_scatter(self, unit: Unit) -> None:
+        """Week 2's stage-2/3 reduce-scatter: the ring's, or one in the background."""
         in_flight = sum(full.nbytes for _, _, full, _ in self.reducing)
         self.sample(extra=in_flight)  # the unit before's gradients are still on the wire
         self._finish_reduce()  # at most one in flight: its full gradients are freed now
@@ -126,10 +125,10 @@ class PrefetchZeRO3(ZeRO):
 
     def _finish_reduce(self) -> None:
         """Wait for the reduce-scatter in flight and add its slice, as Week 2 adds it."""
-        for unit, mine, _full, work in self.reducing:
+        while self.reducing:
+            unit, mine, _full, work = self.reducing.pop(0)  # dropped once waited for
             work.wait()
             unit.grad.add_(mine.div_(self.world))
-        self.reducing.clear()
 
     @torch.no_grad()
     def step(self) -> None:
@@ -139,7 +138,29 @@ class PrefetchZeRO3(ZeRO):
         for unit in self.plan[: self.prefetch]:  # the first units' new weights travel
             self._start_gather(unit)  # while the caller gets the next batch
 
-    # --8<-- [end:reduce]
+    def close(self) -> None:
+        """After the last step: wait for every collective in flight and drop its handle,
+        and free the units gathered early. (Collected or at exit, ``_drop`` does it.)"""
+        self._finish_reduce()
+        for unit in self.units:
+            if id(unit) in self.gathering:
+                self._free(unit)  # waits for its gather first
+
+
+def _drop(gathering: dict[int, dist.Work], reducing: list) -> None:
+    """Wait for the collectives still in flight and drop their handles: a gloo work object
+    that still holds its tensors when the interpreter tears down can abort the process
+    ("terminate called without an active exception")."""
+    try:
+        for work in [*gathering.values(), *(work for *_, work in reducing)]:
+            if dist.is_initialized():  # else its group is gone: nothing left to wait for
+                work.wait()
+    finally:
+        gathering.clear()
+        reducing.clear()
+
+
+# --8<-- [end:reduce]
 
 
 # --8<-- [start:demo]
@@ -173,6 +194,8 @@ def compare_prefetch(steps: int) -> list[str]:
             zero.step()
             zero.zero_grad()
         runs[name] = (zero.full_parameters(), zero.peak_state_bytes)
+        if isinstance(zero, PrefetchZeRO3):
+            zero.close()  # nothing left in flight, no handle kept
     block = max(u.flat.numel() * u.flat.element_size() for u in zero.units[:-1])
     base_weights, base_peak = runs["stage 3"]
     lines = [f"one block unit: {block:,} B (full, fp32)"]

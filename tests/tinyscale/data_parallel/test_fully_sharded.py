@@ -19,8 +19,11 @@ from helpers import TIMEOUTS, one_line_error, prose, recorded_output, said
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.config import preset
 from tinyscale.core.model import TinyTransformer
+from tinyscale.core.parity import flat_parameters, largest_difference
 from tinyscale.data_parallel.fully_sharded import FullyShardedModel
 from tinyscale.data_parallel.fully_sharded_vs_one_process import LR
+from tinyscale.expert_parallel.moe import convert_to_moe, moe_layers
+from tinyscale.expert_parallel.moe_routing import MoEConfig
 
 PAGE = "week-4/zero3-any-optimizer.md"
 WORLD = 2  # the demo's ranks
@@ -201,3 +204,42 @@ def test_no_process_group() -> None:
     assert one_line_error(FullyShardedModel, nn.Linear(2, 2)).startswith(
         "FullyShardedModel needs a process group"
     )
+
+
+MOE_STEPS = 2
+MOE_TOLERANCE = 1e-4  # AdamW amplifies the last bits of small gradients (measured 1.7e-5)
+
+
+def moe_with_an_idle_expert() -> dict:
+    """The tiny model with 4 experts per block, its router forced so that expert 0 gets no
+    token: FullyShardedModel (each block a unit) against one process."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cfg = preset("tiny")
+    torch.manual_seed(0)
+    one = convert_to_moe(TinyTransformer(cfg), MoEConfig(num_experts=4, balance="bias"))
+    for layer in moe_layers(one):
+        layer.router.bias[0] = -1.0  # chosen by probs + bias, probs <= 1: never expert 0
+    model = copy.deepcopy(one)
+    fsdp = FullyShardedModel(model, units=list(model.blocks))
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=LR) for m in (one, fsdp)]
+    tokens = torch.Generator().manual_seed(0)  # the same batches on every rank
+    batches = torch.randint(0, cfg.vocab_size, (MOE_STEPS, 2, 2 * world, 16), generator=tokens)
+    mine = slice(2 * rank, 2 * rank + 2)
+    for x, y in batches:
+        one(x, y)[1].backward()
+        fsdp(x[mine], y[mine])[1].backward()
+        for optimizer in optimizers:
+            optimizer.step()
+            optimizer.zero_grad()
+    return {
+        "vs one process": largest_difference(fsdp.full_parameters(), flat_parameters(one)),
+        "idle expert's load": [layer.load[0].item() for layer in moe_layers(model)],
+        "gathered": fsdp.gathered_bytes(),
+    }
+
+
+def test_an_expert_without_tokens_trains_as_on_one_process() -> None:
+    for rank in run_on_ranks(moe_with_an_idle_expert, 2, **TIMEOUTS):
+        assert rank["idle expert's load"] == [0, 0]  # the router really starved it
+        assert rank["vs one process"] < MOE_TOLERANCE
+        assert rank["gathered"] == 0

@@ -9,7 +9,8 @@ stages 0-3 from the same per-rank random init, and returns facts; the tests asse
   from the tensors, are within 2 % of the fp32 formula 4Ψ + 4Ψ + 8Ψ sharded per stage;
 - traffic: the bytes the wrapped collectives move per step equal 2(N-1)/N Ψ (stages 0-2)
   and 3(N-1)/N Ψ (stage 3) exactly, for the padded Ψ;
-- bad input: stage, optimizer, missing process group, a world too large for a unit.
+- bad input: stage, optimizer, missing process group, a world too large for a unit, and a
+  gradient that completes after its unit was reduce-scattered (a parameter two units use);
 - the pages: the |ZeRO-DDP| that zero-from-scratch.md and comparison.md quote is measured.
 """
 
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import prose, said
+from helpers import one_line_error, prose, said
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.errors import UsageError
 from tinyscale.core.model import TinyTransformer
@@ -229,3 +230,26 @@ def test_benchmark_measures_every_stage_side_by_side() -> None:
         bench.report([*table, costs], rounds=1).count("\n")
         == len(table) + len(costs["collective_ms"]) + 3
     )
+
+
+class SharedWeight(torch.nn.Module):
+    """``b.weight`` is also used before ``b`` runs, outside it: its gradient is complete only
+    after backward has passed ``b``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.inp(x))
+        return self.b(h + torch.nn.functional.linear(h, self.b.weight))
+
+
+def test_a_gradient_after_its_units_reduce_scatter_is_refused(process_group_of_one) -> None:
+    model = SharedWeight()
+    zero = ZeRO(model, stage=2, units=[model.b])
+    message = one_line_error(lambda: zero(torch.ones(1, 2)).sum().backward())
+    assert message.startswith("a parameter of unit Linear got its gradient after the unit was")
+    whole = ZeRO(SharedWeight(), stage=2)  # b in the root, with everything that uses it
+    whole(torch.ones(1, 2)).sum().backward()
+    whole.step()

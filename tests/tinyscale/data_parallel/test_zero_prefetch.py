@@ -44,7 +44,12 @@ def train(prefetch: int | None, reduce_scatter: str = "ring") -> dict:
         calls = zip(counter.calls, counter.async_op, strict=True)
         async_gathers.append(sum(a for call, a in calls if call.op == "all_gather_single"))
     names = [u.name for u in getattr(zero, "plan", [])]
+    left = in_flight(zero)  # the next step's first gathers, started by step()
+    if prefetch is not None:
+        zero.close()  # waits for them and drops their handles
     return {
+        "left after the last step": left,
+        "left after close": in_flight(zero),
         "weights": zero.full_parameters(),
         "peak": zero.peak_state_bytes,
         "sent": sent,
@@ -52,8 +57,13 @@ def train(prefetch: int | None, reduce_scatter: str = "ring") -> dict:
         "plan": names,
         "block_bytes": zero.units[0].flat.numel() * 4,
         "root_bytes": zero.units[-1].flat.numel() * 4,
-        "in_flight": len(getattr(zero, "gathering", {})) + len(getattr(zero, "reducing", [])),
+        "in_flight": in_flight(zero),
     }
+
+
+def in_flight(zero: ZeRO) -> int:
+    """Work handles the wrapper still holds: gathers and reduce-scatters in flight."""
+    return len(getattr(zero, "gathering", {})) + len(getattr(zero, "reducing", []))
 
 
 VARIANTS = {"stage3": (None,), "p0": (0,), "p1": (1,), "p2": (2,), "p1async": (1, "async")}
@@ -107,6 +117,31 @@ def test_prefetch_starts_after_the_first_step_and_leaves_nothing_in_flight(ranks
         assert first == 1  # no order yet: only the next step's first unit, after step()
         assert all(n > 1 for n in later)
         assert r["p1"]["in_flight"] == r["p2"]["in_flight"] == r["p1async"]["in_flight"] == 0
+
+
+def test_close_waits_for_what_is_in_flight_and_drops_it(ranks) -> None:
+    for r in ranks:
+        assert r["p1"]["left after the last step"] == 1  # the root's gather, for a next step
+        assert r["p2"]["left after the last step"] == 2
+        assert all(r[name]["left after close"] == 0 for name in PREFETCH)
+
+
+def dropped_when_collected() -> tuple[int, int]:
+    """A prefetching wrapper dropped with a gather in flight: its handles go with it."""
+    import gc
+
+    zero = PrefetchZeRO3(TinyTransformer(CFG), prefetch=1)
+    zero(*random_batch(CFG, batch_size=2, seq_len=16, step=0, seed=0))[1].backward()
+    zero.step()
+    gathering = zero.gathering
+    held = len(gathering)
+    del zero
+    gc.collect()
+    return held, len(gathering)
+
+
+def test_a_collected_wrapper_waits_for_its_gathers_and_drops_them() -> None:
+    assert run_on_ranks(dropped_when_collected, 2, deadline_s=120) == [(1, 0), (1, 0)]
 
 
 def test_extra_peak_is_the_prefetched_unit(ranks) -> None:
