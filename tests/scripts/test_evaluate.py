@@ -12,6 +12,7 @@ also runs the sharded evaluation of the ranked checkpoint: equal to one process.
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.data import build_datasets, epoch_batches
 from tinyscale.core.errors import run_cli
 from tinyscale.core.metrics import read_metrics
+from tinyscale.workflows.evaluation import FIX
 
 STEPS, BATCH = 2, "32"
 # nats: the same two steps, their sums over ranks and micro-batches in another order (seen:
@@ -203,3 +205,39 @@ def test_page_scores_as_the_training_log_and_one_process_as_two() -> None:
     assert said(text, r"each scores (\d+) of the (\d+) blocks") == ("184", str(report["blocks"]))
     assert said(text, r"shares of (\d+), (\d+) and (\d+)") == ("122", "123", "123")
     assert [len(range(368 * r // 3, 368 * (r + 1) // 3)) for r in range(3)] == [122, 123, 123]
+
+
+@pytest.mark.parametrize(
+    ("name", "tear", "why"),
+    [
+        ("single", "", "is cut short (no zip directory at its end"),
+        ("ranked", "manifest.json", "is damaged (not the JSON a save writes)"),
+        ("ranked", "rank_00001.pt", "is damaged (100 bytes, manifest.json lists"),
+        ("dcp", ".metadata", "is damaged (100 bytes, manifest.json lists"),
+        ("dcp", "__1_0.distcp", "is damaged (100 bytes, manifest.json lists"),
+        ("dcp", "manifest.json", "is damaged (not the JSON a save writes)"),
+        ("dcp-no-manifest", "__1_0.distcp", "is damaged: DCP cannot read it"),
+    ],
+)
+def test_a_torn_checkpoint_is_one_line_exit_2_no_report(
+    runs: Path, name: str, tear: str, why: str, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """Every file of every layout cut short, as a failed copy leaves it: named in one line
+    that says what to evaluate instead, before anything is read. A DCP folder written
+    elsewhere, with no manifest, is read, and whatever DCP cannot read is one line too."""
+    step = runs / name.removesuffix("-no-manifest") / "checkpoints" / "step_000002"
+    if name == "single":
+        path = copy = Path(shutil.copy(step.with_suffix(".pt"), tmp_path / "step_000002.pt"))
+    else:
+        copy = Path(shutil.copytree(step, tmp_path / "step_000002"))
+        path = copy / tear
+        if name == "dcp-no-manifest":
+            (copy / "manifest.json").unlink()
+    path.write_bytes(path.read_bytes()[:100])
+    report = tmp_path / "r.json"
+    argv = [str(copy), "--config", str(runs / "config.json"), "--report", str(report)]
+    assert run_cli(load_script("evaluate").main, argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and why in err and err.count("\n") == 1, err
+    assert err.endswith(f"; {FIX}\n") and "--resume" not in err and not report.exists()

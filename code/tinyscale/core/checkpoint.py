@@ -5,8 +5,13 @@ Try it:  python -c "from tinyscale.core.checkpoint import *; print(describe_chec
 """
 
 import dataclasses
+import json
 import os
 import re
+import shutil
+import sys
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +23,7 @@ from tinyscale.core.errors import UsageError
 
 FORMAT = "tinyscale.checkpoint.v1"
 MANIFEST = "manifest.json"  # what a checkpoint of several files writes last (Session C)
+RESUME_FIX = "resume from an earlier checkpoint: latest_checkpoint (--resume auto) skips this one"
 
 
 def save_checkpoint(state: dict[str, Any], path: str | Path) -> Path:
@@ -45,24 +51,37 @@ def remove_stale_temps(ckpt_dir: str | Path) -> list[Path]:
 
     A process killed with SIGKILL between writing its temporary file and renaming it runs
     no ``finally``: its ``.<name>.tmp-<pid>`` stays (in the step directories too, for
-    several ranks' files). Call it when a run starts, before it saves anything: no save of
-    this run is in flight then. The checkpoints themselves are never touched.
+    several ranks' files). A job that died before rank 0 wrote a step directory's manifest
+    leaves the directory: never chosen, but taking space until that step is saved again.
+    Call it when a run starts, on rank 0, before it saves anything: no save of this run is
+    in flight then. Complete checkpoints, and damaged ones (evidence), are never touched.
     """
-    stale = sorted(Path(ckpt_dir).glob("**/.*.tmp-*"))
+    ckpt_dir = Path(ckpt_dir)
+    stale = sorted(ckpt_dir.glob("**/.*.tmp-*"))
     for path in stale:
         path.unlink(missing_ok=True)
-    return stale
+    unfinished = [
+        p for p in sorted(ckpt_dir.glob("step_*"))
+        if p.is_dir() and checkpoint_step(p) is not None and not (p / MANIFEST).exists()
+    ]  # fmt: skip
+    for path in unfinished:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale + unfinished
 
 
 # --8<-- [end:save]
 
 
 # --8<-- [start:load]
-def load_checkpoint(path: str | Path, *, expect: ModelConfig | None = None) -> dict[str, Any]:
+def load_checkpoint(
+    path: str | Path, *, expect: ModelConfig | None = None,
+    fix: str = "resume from an earlier checkpoint or start without --resume",
+) -> dict[str, Any]:  # fmt: skip
     """Load a checkpoint with ``weights_only=True``: tensors and plain data, never code.
 
     With ``expect``, refuse a checkpoint trained with a different model config, with an
     error that says which field differs, instead of a wall of size-mismatch messages.
+    ``fix``: what the one-line error of a damaged file tells its reader to do.
     """
     path = Path(path)
     if not path.is_file():
@@ -74,7 +93,7 @@ def load_checkpoint(path: str | Path, *, expect: ModelConfig | None = None) -> d
     except Exception as err:  # truncated, not a zip, pickled code: all mean "do not trust it"
         raise UsageError(
             f"checkpoint {path} is corrupt or not a tinyscale checkpoint ({type(err).__name__}): "
-            "resume from an earlier checkpoint or start without --resume"
+            f"{fix}"
         ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise UsageError(
@@ -100,22 +119,23 @@ def load_checkpoint(path: str | Path, *, expect: ModelConfig | None = None) -> d
 def training_state(
     *, model: nn.Module, optimizer: torch.optim.Optimizer, cfg: Any, step: int, epoch: int,
     device: torch.device, scaler: Any = None, history: list[dict[str, Any]] | None = None,
-    **extra: Any,
+    weights: bool = True, **extra: Any,
 ) -> dict[str, Any]:  # fmt: skip
     """Everything a run needs to go on exactly where it stopped: what a course checkpoint holds.
 
     The weights and Adam's state, the step, the random-number state that draws the next
     dropout masks, the loss scaler's scale (fp16), the configs it was trained with, and
     the metrics so far. ``extra``: what one script adds, e.g. its world size. ``cfg=None``:
-    a state with no training config (Session C's ranked checkpoints).
+    a state with no training config (Session C's ranked checkpoints). ``weights=False``:
+    the rest without the weights and Adam's state, which a DCP checkpoint saves sharded.
     """
     return {
         "model_config": dataclasses.asdict(model.cfg),
         "train_config": dataclasses.asdict(cfg) if cfg is not None else None,
         "step": step,
         "epoch": epoch,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
+        "model": model.state_dict() if weights else None,
+        "optimizer": optimizer.state_dict() if weights else None,
         "scaler": scaler.state_dict() if scaler is not None else None,
         "rng_cpu": torch.get_rng_state(),
         "rng_device": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
@@ -131,10 +151,12 @@ def restore_training_state(
     """Put back everything that decides what happens next; return the step to go on from.
 
     ``rank``: a checkpoint written for several ranks holds one RNG state per rank, a list
-    (each rank draws its own dropout masks): take this rank's.
+    (each rank draws its own dropout masks): take this rank's. A state saved with
+    ``weights=False`` leaves the weights and Adam's state to their own loader (DCP).
     """
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
+    if state["model"] is not None:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
     if scaler is not None and state.get("scaler"):
         scaler.load_state_dict(state["scaler"])
     restore_rng(state, device=device, rank=rank)
@@ -152,6 +174,10 @@ def restore_rng(state: dict[str, Any], *, device: torch.device, rank: int | None
         torch.cuda.set_rng_state(rng_device, device)
 
 
+# --8<-- [end:state]
+
+
+# --8<-- [start:choose]
 def checkpoint_name(step: int) -> str:
     """The name of the checkpoint saved after ``step`` steps: step_000100, a directory
     (several files) or, with ".pt", one file. Every saving loop of the course uses it."""
@@ -164,21 +190,75 @@ def checkpoint_step(path: str | Path) -> int | None:
     return int(found[1]) if found else None
 
 
-def latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
-    """The newest complete checkpoint in ``ckpt_dir``, or None (what --resume auto picks).
+def checkpoint_problem(path: str | Path) -> str | None:
+    """What makes ``path`` no checkpoint to go on from, in a few words; None when it is whole.
 
-    A ``step_*.pt`` file is complete once it has its name (save_checkpoint renames it into
-    place). A ``step_*`` directory, written by several ranks, is complete once the file
-    written last is there: our manifest, or DCP's .metadata. Newest: the highest step.
+    Cheap, so every rank can ask before it starts: names and sizes, never the tensors. A
+    ``.pt`` file ends in the zip directory torch.save writes last, and a file cut short
+    has none. A directory of several files holds its manifest, written last, and every
+    file the manifest lists, at the listed size.
     """
-    named = [p for p in Path(ckpt_dir).glob("step_*") if checkpoint_step(p) is not None]
-    for path in sorted(named, key=checkpoint_step, reverse=True):
-        if path.is_file() or any((path / name).is_file() for name in (MANIFEST, ".metadata")):
-            return path
+    path = Path(path)
+    if path.is_file():
+        try:
+            zipfile.ZipFile(path).close()
+        except (zipfile.BadZipFile, OSError):
+            return f"{path} is cut short (no zip directory at its end: torch.save writes it last)"
+        return None
+    if not path.is_dir():
+        return f"{path} not found"
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        return (f"{path} has no {MANIFEST}: the save never finished (a rank died before rank 0 "
+                "committed it)")  # fmt: skip
+    try:
+        files = json.loads(manifest.read_text())["files"]
+        listed = {entry["file"]: entry["bytes"] for entry in files}
+    except (ValueError, KeyError, TypeError):  # cut short, or not what a save writes
+        return f"{manifest} is damaged (not the JSON a save writes)"
+    for name, size in listed.items():
+        file = path / name
+        if not file.is_file():
+            return (f"{file} is missing but {MANIFEST} lists it (node-local disk? copy it to "
+                    "storage every node sees)")  # fmt: skip
+        if file.stat().st_size != size:
+            return f"{file} is damaged ({file.stat().st_size:,} bytes, {MANIFEST} lists {size:,})"
     return None
 
 
-# --8<-- [end:state]
+def verify_checkpoint(path: str | Path, *, fix: str = RESUME_FIX) -> Path:
+    """``path``, once checked whole; else one line naming what is wrong and ``fix``."""
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        raise UsageError(f"{problem}; {fix}")
+    return Path(path)
+
+
+def report_skipped(line: str) -> None:
+    """One line on stderr, from one process of a job: rank 0, or a run without ranks."""
+    if os.environ.get("RANK", "0") == "0":
+        print(f"warning: {line}", file=sys.stderr, flush=True)
+
+
+def latest_checkpoint(
+    ckpt_dir: str | Path, *, report: Callable[[str], None] | None = report_skipped
+) -> Path | None:
+    """The newest whole checkpoint in ``ckpt_dir``, or None: what --resume auto picks.
+
+    Newest: the highest step. Whole: ``checkpoint_problem`` finds nothing wrong. A newer
+    one that is not is skipped, and ``report`` gets one line saying why.
+    """
+    named = [p for p in Path(ckpt_dir).glob("step_*") if checkpoint_step(p) is not None]
+    for path in sorted(named, key=checkpoint_step, reverse=True):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path
+        if report is not None:
+            report(f"skipped {path.name}: {problem}")
+    return None
+
+
+# --8<-- [end:choose]
 
 
 # --8<-- [start:describe]

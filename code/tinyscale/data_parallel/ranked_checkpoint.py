@@ -21,12 +21,15 @@ from torch import nn
 
 from tinyscale.core.checkpoint import (
     MANIFEST,
+    RESUME_FIX,
     checkpoint_name,
     load_checkpoint,
     restore_training_state,
     save_checkpoint,
     training_state,
+    verify_checkpoint,
 )
+from tinyscale.core.config import ModelConfig
 from tinyscale.core.errors import UsageError
 
 MANIFEST_FORMAT = "tinyscale.ranked_checkpoint.v1"
@@ -106,28 +109,31 @@ def save_ranked(state: dict[str, Any], ckpt_dir: str | Path, *, step: int) -> Pa
 
 
 # --8<-- [start:load]
-def read_manifest(directory: str | Path) -> dict[str, Any]:
+def read_manifest(directory: str | Path, *, fix: str = RESUME_FIX) -> dict[str, Any]:
+    """The manifest, once it and every file it lists are checked (verify_checkpoint)."""
     directory = Path(directory)
     if not directory.is_dir():
         raise UsageError(
             f"checkpoint directory {directory} not found: check the path, or pass "
             "latest_checkpoint(<ckpt_dir>)"
         )
-    path = directory / MANIFEST
-    if not path.is_file():
-        raise UsageError(
-            f"{directory} has no {MANIFEST}: the save never finished (a rank died before "
-            "rank 0 committed it); load latest_checkpoint(<ckpt_dir>) instead"
-        )
-    manifest = json.loads(path.read_text())  # written atomically: complete or absent
+    path = verify_checkpoint(directory, fix=fix) / MANIFEST  # present, parsed, sizes right
+    manifest = json.loads(path.read_text())
     if manifest.get("format") != MANIFEST_FORMAT:
-        raise UsageError(f"{path} is not a tinyscale manifest: pass a directory from save_ranked")
+        raise UsageError(f"{path} is not a ranked manifest: pass a directory from save_ranked")
     return manifest
 
 
-def load_ranked(directory: str | Path, *, rank: int, world_size: int) -> dict[str, Any]:
-    """Each rank reads its own file, after checking it against the manifest."""
-    manifest = read_manifest(directory)
+def load_ranked(
+    directory: str | Path, *, rank: int, world_size: int, expect: ModelConfig | None = None,
+    fix: str = RESUME_FIX,
+) -> dict[str, Any]:  # fmt: skip
+    """Each rank reads its own file, after checking it against the manifest.
+
+    ``expect``: refuse another model's checkpoint (load_checkpoint); ``fix``: what a
+    one-line error about a damaged checkpoint tells its reader to do.
+    """
+    manifest = read_manifest(directory, fix=fix)  # every rank checks every file's size
     saved = manifest["world_size"]
     if saved != world_size:
         raise UsageError(
@@ -135,20 +141,9 @@ def load_ranked(directory: str | Path, *, rank: int, world_size: int) -> dict[st
             f"with {saved} ranks, or save a DCP checkpoint (save_dcp) and reshard with load_dcp"
         )
     path, expected = rank_file(directory, rank), manifest["files"][rank]
-    if not path.is_file():
-        raise UsageError(
-            f"{path} is missing but {MANIFEST} lists it: node-local disk? copy it to storage "
-            "every node sees, or resume from an earlier checkpoint"
-        )
-    found = file_entry(path)
-    if found != expected:  # cut short by a full disk or a failed copy, or altered since
-        why = (
-            f"{found['bytes']:,} bytes, {MANIFEST} lists {expected['bytes']:,}"
-            if found["bytes"] != expected["bytes"]
-            else f"its sha256 differs from {MANIFEST}'s"
-        )
-        raise UsageError(f"{path} is damaged ({why}): resume from an earlier checkpoint")
-    return load_checkpoint(path)  # weights_only: tensors and plain data, never code
+    if file_entry(path) != expected:  # the same size, other bytes: altered since, or a bad copy
+        raise UsageError(f"{path} is damaged (its sha256 differs from {MANIFEST}'s); {fix}")
+    return load_checkpoint(path, expect=expect, fix=fix)  # weights_only: never code
 
 
 # --8<-- [end:load]

@@ -23,7 +23,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tinyscale.core.checkpoint import MANIFEST, latest_checkpoint, load_checkpoint
+from tinyscale.core.checkpoint import (
+    MANIFEST,
+    latest_checkpoint,
+    load_checkpoint,
+    verify_checkpoint,
+)
 from tinyscale.core.cli import option
 from tinyscale.core.config import ModelConfig
 from tinyscale.core.data import TokenBlocks
@@ -39,6 +44,7 @@ KINDS = {
     "deepspeed": "DeepSpeed ZeRO shards (engine.save_checkpoint)",
 }
 DEEPSPEED_SIDECAR = "tinyscale.json"  # what code/scripts/deepspeed_train.py writes beside them
+FIX = "evaluate an earlier checkpoint, or pass its run's checkpoints folder (the newest whole one)"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -60,10 +66,10 @@ def detect_kind(path: Path) -> str:
     """Which writer made ``path``, from the files it holds: nothing else is trusted."""
     if path.is_file():
         return "single"  # load_checkpoint then checks the course's format marker
+    if (path / ".metadata").is_file():  # first: the course's DCP saves have a manifest too
+        return "dcp"
     if (path / MANIFEST).is_file():
         return "ranked"
-    if (path / ".metadata").is_file():
-        return "dcp"
     if any(path.glob("*model_states.pt")):
         return "deepspeed"
     if not path.exists():
@@ -93,15 +99,17 @@ def read_checkpoint(path: str | Path, *, config: ModelConfig) -> Checkpoint:
     """The whole model's weights from any course checkpoint; ``config`` if none is stored."""
     path = resolve(path)
     kind = detect_kind(path)
+    if kind == "single" or (path / MANIFEST).is_file():  # whole? the sizes, before reading
+        verify_checkpoint(path, fix=FIX)
     if kind == "single":
-        state = load_checkpoint(path)  # refuses a file without the course's marker
+        state = load_checkpoint(path, fix=FIX)  # refuses a file without the course's marker
         return Checkpoint(path=path, kind=kind, step=state["step"], weights=state["model"],
                           model_config=stored_config(state))  # fmt: skip
     if kind == "ranked":
         manifest = read_manifest(path)
         weights, world = {}, manifest["world_size"]
         for rank in range(world):  # every rank's file, each checked against the manifest
-            state = load_ranked(path, rank=rank, world_size=world)
+            state = load_ranked(path, rank=rank, world_size=world, fix=FIX)
             for name, tensor in state["model"].items():  # stage-local names -> the model's
                 weights[model_name(name)] = tensor
         return Checkpoint(path=path, kind=kind, step=manifest["step"], weights=weights,
@@ -126,18 +134,24 @@ def read_dcp(path: Path, config: ModelConfig) -> Checkpoint:
     """Load the model's tensors only (not Adam's moments) into a template, on one process."""
     import torch.distributed.checkpoint as dcp
 
-    saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
     expected = model_shapes(config)
     if config.tie_word_embeddings:  # saved once, under the embedding's name
         expected.pop("lm_head.weight")
-    check_shapes({n: tuple(m.size) for n, m in saved.items() if hasattr(m, "size")},
-                 expected, path=path, fix="pass the --config it was trained with")  # fmt: skip
     template: dict[str, Any] = {name: torch.empty(shape) for name, shape in expected.items()}
-    if "step" in saved:
-        template["step"] = torch.tensor(0)
-    with warnings.catch_warnings():  # "assuming ... a single process": yes, on purpose
-        warnings.simplefilter("ignore", UserWarning)
-        dcp.load(template, checkpoint_id=path, no_dist=True)  # reads only the template's keys
+    try:  # one written elsewhere may have no manifest: what DCP cannot read is one line
+        saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+        check_shapes({n: tuple(m.size) for n, m in saved.items() if hasattr(m, "size")},
+                     expected, path=path, fix="pass the --config it was trained with")  # fmt: skip
+        if "step" in saved:
+            template["step"] = torch.tensor(0)
+        with warnings.catch_warnings():  # "assuming ... a single process": yes, on purpose
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(template, checkpoint_id=path, no_dist=True)  # only the template's keys
+    except UsageError:
+        raise
+    except (Exception, dcp.api.CheckpointException) as err:  # DCP's is a BaseException
+        raise UsageError(f"{path} is damaged: DCP cannot read it ({type(err).__name__}); "
+                         f"{FIX}") from None  # fmt: skip
     step = int(template.pop("step")) if "step" in saved else None
     return Checkpoint(path=path, kind="dcp", step=step, weights=template, model_config=None)
 

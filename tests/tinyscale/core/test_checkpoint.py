@@ -5,6 +5,7 @@ describe_checkpoint's byte total is checked against numel * element_size of the 
 """
 
 import dataclasses
+import json
 import pickle
 import re
 import subprocess
@@ -16,6 +17,7 @@ from typing import Any, BinaryIO
 import pytest
 import torch
 
+from helpers import one_line_error
 from tinyscale.core import checkpoint as ckpt
 from tinyscale.core.checkpoint import FORMAT, describe_checkpoint, load_checkpoint, save_checkpoint
 from tinyscale.core.config import ModelConfig, preset
@@ -231,19 +233,26 @@ def test_training_state_with_and_without_a_train_config(tmp_path: Path) -> None:
     assert loaded["train_config"] is None  # weights_only loads it back
 
 
-def test_latest_checkpoint_is_the_newest_complete_one(tmp_path: Path) -> None:
+def whole(path: Path) -> Path:
+    """A small checkpoint file, complete: what save_checkpoint leaves under its name."""
+    return save_checkpoint({"step": ckpt.checkpoint_step(path)}, path)
+
+
+def test_latest_checkpoint_is_the_newest_whole_one(tmp_path: Path) -> None:
     assert ckpt.latest_checkpoint(tmp_path / "none") is None
     for step in (5, 40, 10):
-        (tmp_path / f"step_{step:06d}.pt").touch()  # files are complete once they have a name
+        whole(tmp_path / f"step_{step:06d}.pt")  # files are complete once they have a name
     assert ckpt.latest_checkpoint(tmp_path).name == "step_000040.pt"
     (tmp_path / "step_000050").mkdir()  # several ranks' files, no manifest yet: incomplete
-    (tmp_path / "step_000050" / "rank_00000.pt").touch()
+    whole(tmp_path / "step_000050" / "rank_00000.pt")
     assert ckpt.latest_checkpoint(tmp_path).name == "step_000040.pt"
-    (tmp_path / "step_000050" / ckpt.MANIFEST).touch()  # written last: now it counts
+    manifest = {"files": [{"file": "rank_00000.pt", "bytes": 0}]}
+    manifest["files"][0]["bytes"] = (tmp_path / "step_000050" / "rank_00000.pt").stat().st_size
+    (tmp_path / "step_000050" / ckpt.MANIFEST).write_text(json.dumps(manifest))  # written last
     assert ckpt.latest_checkpoint(tmp_path).name == "step_000050"
     (tmp_path / "step_000060").mkdir()
-    (tmp_path / "step_000060" / ".metadata").touch()  # DCP's manifest
-    assert ckpt.latest_checkpoint(tmp_path).name == "step_000060"
+    (tmp_path / "step_000060" / ".metadata").touch()  # DCP's alone: its save never committed
+    assert ckpt.latest_checkpoint(tmp_path).name == "step_000050"
 
 
 def test_a_checkpoint_name_gives_back_its_step(tmp_path: Path) -> None:
@@ -254,9 +263,74 @@ def test_a_checkpoint_name_gives_back_its_step(tmp_path: Path) -> None:
     for other in ("step_.pt", "step_12.pt.tmp-3", ".step_000001.pt.tmp-9", "latest", "step_1.json"):
         assert ckpt.checkpoint_step(other) is None
     for step in (999_999, 1_000_000):  # by step, not by name: "step_1000000" < "step_999999"
-        (tmp_path / f"{ckpt.checkpoint_name(step)}.pt").touch()
+        whole(tmp_path / f"{ckpt.checkpoint_name(step)}.pt")
     (tmp_path / "step_notes.pt").touch()  # not a checkpoint's name: never picked
     assert ckpt.latest_checkpoint(tmp_path).name == "step_1000000.pt"
+
+
+def torn(path: Path, keep: int) -> Path:
+    """``path`` cut to its first ``keep`` bytes, as a full disk or a failed copy leaves it."""
+    path.write_bytes(path.read_bytes()[:keep])
+    return path
+
+
+def test_a_damaged_checkpoint_is_skipped_with_one_line_and_refused_by_name(
+    tmp_path: Path,
+) -> None:
+    """Newest first: a file cut short, a directory whose listed file is short, one whose
+    manifest is cut short, one with no manifest: each skipped with its reason, in one line."""
+    good = whole(tmp_path / "step_000001.pt")
+    torn(whole(tmp_path / "step_000005.pt"), 1000)
+    for step, damage in ((2, "file"), (3, "manifest"), (4, "none")):
+        directory = tmp_path / ckpt.checkpoint_name(step)
+        part = whole(directory / "rank_00000.pt")
+        size = part.stat().st_size
+        text = json.dumps({"files": [{"file": part.name, "bytes": size}]})
+        if damage != "none":
+            (directory / ckpt.MANIFEST).write_text(text)
+        if damage == "file":
+            torn(part, size - 1)
+        if damage == "manifest":
+            torn(directory / ckpt.MANIFEST, len(text) // 2)
+    lines: list[str] = []
+    assert ckpt.latest_checkpoint(tmp_path, report=lines.append) == good
+    assert lines == [
+        f"skipped step_000005.pt: {tmp_path}/step_000005.pt is cut short (no zip directory at "
+        "its end: torch.save writes it last)",
+        f"skipped step_000004: {tmp_path}/step_000004 has no manifest.json: the save never "
+        "finished (a rank died before rank 0 committed it)",
+        f"skipped step_000003: {tmp_path}/step_000003/manifest.json is damaged (not the JSON "
+        "a save writes)",
+        f"skipped step_000002: {tmp_path}/step_000002/rank_00000.pt is damaged "
+        f"({size - 1:,} bytes, manifest.json lists {size:,})",
+    ]
+    for step in (5, 4, 3, 2):  # by name: one line that names the fix
+        name = ckpt.checkpoint_name(step) + (".pt" if step == 5 else "")
+        message = one_line_error(ckpt.verify_checkpoint, tmp_path / name)
+        assert message.startswith(f"{tmp_path / name}") and message.endswith(ckpt.RESUME_FIX)
+    assert ckpt.verify_checkpoint(good) == good
+
+
+def test_the_skip_line_is_rank_0s_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "step_000002").mkdir()
+    for rank, lines in (("1", 0), ("0", 1)):  # every rank chooses, rank 0 alone says so
+        monkeypatch.setenv("RANK", rank)
+        assert ckpt.latest_checkpoint(tmp_path) is None
+        err = capsys.readouterr().err
+        assert err.count("\n") == lines and err.startswith("warning: skipped step_000002: " * lines)
+
+
+def test_a_start_removes_step_folders_whose_save_never_finished(tmp_path: Path) -> None:
+    """No manifest: removed; whole or damaged (evidence): kept; files: never touched."""
+    for name in ("step_000001", "step_000002", "notes"):
+        (tmp_path / name).mkdir()
+        whole(tmp_path / name / "rank_00000.pt")
+    (tmp_path / "step_000001" / ckpt.MANIFEST).write_text('{"files": [')  # damaged: kept
+    whole(tmp_path / "step_000003.pt")
+    assert ckpt.remove_stale_temps(tmp_path) == [tmp_path / "step_000002"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes", "step_000001", "step_000003.pt"]
 
 
 SAVE_FOREVER = """

@@ -7,6 +7,7 @@ background (async) save on 2, a reload on 3. The reload on 1 runs in this proces
 process group.
 """
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from torch.distributed.checkpoint import FileSystemReader
 
 from helpers import TIMEOUTS, one_line_error
 from tinyscale.comm.launch import run_on_ranks
+from tinyscale.core.checkpoint import MANIFEST, RESUME_FIX, latest_checkpoint
 from tinyscale.data_parallel.checkpoint_demo import (
     SHARDED,
     _local_shapes,
@@ -24,7 +26,13 @@ from tinyscale.data_parallel.checkpoint_demo import (
     dcp_save_worker,
     demo_params,
 )
-from tinyscale.data_parallel.dcp_checkpoint import full_tensors, load_dcp, save_dcp, shard_state
+from tinyscale.data_parallel.dcp_checkpoint import (
+    DCP_FORMAT,
+    full_tensors,
+    load_dcp,
+    save_dcp,
+    shard_state,
+)
 
 
 def _reshard_chain(src: str, dst: str) -> tuple[bool, dict[str, tuple[int, ...]]]:
@@ -47,7 +55,11 @@ def dcp_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 def test_dcp_writes_one_file_per_rank_and_metadata(dcp_dirs: dict[str, Any]) -> None:
     names = sorted(p.name for p in dcp_dirs["w4"].iterdir())
-    assert names == [".metadata"] + [f"__{r}_0.distcp" for r in range(4)]
+    assert names == [".metadata"] + [f"__{r}_0.distcp" for r in range(4)] + [MANIFEST]
+    manifest = json.loads((dcp_dirs["w4"] / MANIFEST).read_text())  # written last, by rank 0
+    assert manifest["format"] == DCP_FORMAT and [e["file"] for e in manifest["files"]] == names[:-1]
+    for entry in manifest["files"]:  # .metadata and every file it names, with its size
+        assert entry["bytes"] == (dcp_dirs["w4"] / entry["file"]).stat().st_size
     md = FileSystemReader(dcp_dirs["w4"]).read_metadata()
     files: dict[str, int] = {}
     for index, info in md.storage_data.items():
@@ -76,6 +88,7 @@ def test_dcp_reshard_4_to_2_and_async_save(dcp_dirs: dict[str, Any]) -> None:
         ".metadata",
         "__0_0.distcp",
         "__1_0.distcp",
+        MANIFEST,  # the background save's future is done once rank 0 has committed it
     ]
 
 
@@ -97,3 +110,23 @@ def test_dcp_bad_input(tmp_path: Path, dcp_dirs: dict[str, Any]) -> None:
     partial = Path(shutil.copytree(dcp_dirs["w4"], tmp_path / "partial"))
     (partial / ".metadata").unlink()  # a save that died before its commit
     assert "has no .metadata" in one_line_error(load_dcp, {}, partial)
+
+
+@pytest.mark.parametrize("name", [".metadata", "__2_0.distcp", MANIFEST])
+def test_a_torn_file_is_one_line_and_never_chosen(
+    name: str, tmp_path: Path, dcp_dirs: dict[str, Any]
+) -> None:
+    """Each file of a DCP checkpoint cut short: load_dcp names it in one line, before DCP
+    reads a byte; latest_checkpoint skips it, with one line, for the older whole one."""
+    older = shutil.copytree(dcp_dirs["w2"], tmp_path / "step_000001")
+    torn = Path(shutil.copytree(dcp_dirs["w4"], tmp_path / "step_000002"))
+    path = torn / name
+    path.write_bytes(path.read_bytes()[:100])
+    template = {n: torch.zeros_like(t) for n, t in demo_params().items()}
+    message = one_line_error(load_dcp, template, torn)
+    why = "not the JSON a save writes" if name == MANIFEST else "100 bytes, manifest.json lists"
+    assert message.startswith(f"{path} is damaged (") and why in message
+    assert message.endswith(RESUME_FIX)
+    skipped: list[str] = []
+    assert latest_checkpoint(tmp_path, report=skipped.append) == older
+    assert skipped == [f"skipped step_000002: {message.split('; ')[0]}"]

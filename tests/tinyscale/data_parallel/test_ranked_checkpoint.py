@@ -17,7 +17,7 @@ import torch
 
 from helpers import TIMEOUTS, one_line_error
 from tinyscale.comm.launch import RankFailed, run_on_ranks
-from tinyscale.core.checkpoint import MANIFEST, latest_checkpoint
+from tinyscale.core.checkpoint import MANIFEST, RESUME_FIX, latest_checkpoint
 from tinyscale.core.config import preset
 from tinyscale.core.model import TinyTransformer
 from tinyscale.data_parallel import ranked_checkpoint as rc
@@ -81,7 +81,7 @@ def test_crash_before_manifest_is_never_loaded(ranked: dict[str, Any]) -> None:
     assert sorted(p.name for p in crashed.iterdir()) == ["rank_00000.pt", "rank_00001.pt"]
     assert latest_checkpoint(ranked["dir"]) == rc.step_dir(ranked["dir"], 10)
     message = one_line_error(rc.load_ranked, crashed, rank=0, world_size=2)
-    assert "has no manifest.json" in message and "latest_checkpoint(<ckpt_dir>)" in message
+    assert "has no manifest.json" in message and message.endswith(RESUME_FIX)
 
 
 def test_resume_continues_every_ranks_random_stream(ranked: dict[str, Any]) -> None:
@@ -97,12 +97,31 @@ def copy(ranked: dict[str, Any], tmp_path: Path) -> Path:
     return Path(shutil.copytree(rc.step_dir(ranked["dir"], 10), tmp_path / "step_000010"))
 
 
-def test_truncated_rank_file_is_named(copy: Path) -> None:
+def test_truncated_rank_file_is_named_by_every_rank_and_skipped(copy: Path) -> None:
     path = rc.rank_file(copy, 1)
     path.write_bytes(path.read_bytes()[:1000])
-    message = one_line_error(rc.load_ranked, copy, rank=1, world_size=2)
-    assert str(path) in message and "damaged (1,000 bytes, manifest.json lists" in message
-    rc.load_ranked(copy, rank=0, world_size=2)  # the other rank's file is still fine
+    for rank in (0, 1):  # every rank checks every size: all refuse alike, none waits for one
+        message = one_line_error(rc.load_ranked, copy, rank=rank, world_size=2)
+        assert str(path) in message and "damaged (1,000 bytes, manifest.json lists" in message
+    skipped: list[str] = []
+    assert latest_checkpoint(copy.parent, report=skipped.append) is None
+    assert skipped == [f"skipped step_000010: {message.split('; ')[0]}"]
+
+
+def test_truncated_manifest_is_one_line_and_skipped(copy: Path) -> None:
+    manifest = copy / MANIFEST
+    manifest.write_bytes(manifest.read_bytes()[:100])  # a copy of the folder cut short
+    message = one_line_error(rc.load_ranked, copy, rank=0, world_size=2)
+    assert message == f"{manifest} is damaged (not the JSON a save writes); {RESUME_FIX}"
+    skipped: list[str] = []
+    assert latest_checkpoint(copy.parent, report=skipped.append) is None
+    assert skipped == [f"skipped step_000010: {message.split('; ')[0]}"]
+
+
+def test_another_models_checkpoint_is_refused_naming_both(copy: Path) -> None:
+    wide = dataclasses.replace(preset("micro"), hidden_size=32)
+    message = one_line_error(rc.load_ranked, copy, rank=0, world_size=2, expect=wide)
+    assert "was trained with hidden_size=16, but the config says hidden_size=32" in message
 
 
 def test_altered_rank_file_fails_its_sha256(copy: Path) -> None:
