@@ -12,6 +12,7 @@ import sys
 import sysconfig
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -31,8 +32,10 @@ from tinyscale.core.data import (
 from tinyscale.core.device import select_device
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.model import TinyTransformer
+from tinyscale.core.outputs import check_writable
 from tinyscale.core.step import train_step
 from tinyscale.core.training import TrainConfig, evaluate, lr_at, plan_steps, seed_everything
+from tinyscale.workflows.evaluation import KINDS, detect_kind
 from tinyscale.workflows.lora import (
     TARGETS,
     LoRAConfig,
@@ -89,6 +92,30 @@ def finetune_data(corpus: str, *, base_corpus: str, model_cfg: ModelConfig) -> L
     return LMData(tokenizer=tokenizer, train=TokenBlocks(tokens[:split], block), heldout=heldout)
 
 
+BASE = "one file that holds the whole model, a step_*.pt that train_tiny_transformer.py writes"
+
+
+def check_base(path: str) -> dict[str, Any]:
+    """--base, loaded: one checkpoint file with the whole model in it, or one line that says
+    what ``path`` is instead (the course saves sharded checkpoints as folders)."""
+    base = Path(path)
+    if base.is_dir():
+        saved = sorted(base.glob("step_*.pt"))
+        if saved:  # a run's checkpoints folder
+            raise UsageError(f"--base {path} is a folder: pass one of its files, e.g. {saved[-1]}")
+        try:
+            what = f"a folder of {KINDS[detect_kind(base)]}"
+        except UsageError:  # no checkpoint the course writes
+            what = "a folder"
+        raise UsageError(f"--base {path} is {what}: --base takes {BASE}")
+    if not base.exists():
+        raise UsageError(f"--base {path} not found: pass {BASE}")
+    state = load_checkpoint(base, fix=f"--base takes {BASE}")
+    if state.get("model") is None:
+        raise UsageError(f"--base {path} holds no model weights: pass {BASE}")
+    return state
+
+
 def load_base(state: dict) -> TinyTransformer:
     """A fresh TinyTransformer with the weights of a Lab 1 checkpoint."""
     model = TinyTransformer(ModelConfig(**state["model_config"]))
@@ -134,10 +161,10 @@ def finetune(model: TinyTransformer, data: LMData, cfg: TrainConfig, device: tor
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     cfg, lora = args.cfg, args.lora
-    # Check everything before writing anything: the base, the targets, the rank, the text.
-    state = load_checkpoint(args.base)
-    if "model" not in state:
-        raise UsageError(f"{args.base} holds no model weights: pass a Lab 1 checkpoint as --base")
+    # Check everything before any work: where the adapter goes (core.outputs), the base,
+    # the targets, the rank, the text.
+    check_writable(cfg.output_dir, "--output-dir", "adapter.pt", file=True)
+    state = check_base(args.base)
     device = select_device(cfg.device)
     seed_everything(cfg.seed)  # the same --seed, the same A: the run is reproducible
     model = load_base(state)

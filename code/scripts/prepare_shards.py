@@ -14,11 +14,11 @@ import sys
 from collections.abc import Sequence
 
 from tinyscale.comm.dist import distributed
-from tinyscale.core.cli import add_flags
+from tinyscale.core.cli import add_flags, from_args
 from tinyscale.core.config import load_model_config
 from tinyscale.core.errors import ArgumentParser, run_cli
 from tinyscale.core.training import TrainConfig
-from tinyscale.workflows.shards import ShardSpec, prepare
+from tinyscale.workflows.shards import ShardSpec, check_out, prepare, tokenize_once
 
 DEFAULTS = TrainConfig()
 
@@ -32,10 +32,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--shard-tokens", type=int, default=65536, help="tokens per shard file")
     args = p.parse_args(argv)
-    spec = ShardSpec(corpus=args.corpus, vocab_size=load_model_config(args.config).vocab_size,
+    cfg = from_args(DEFAULTS, args)  # every TrainConfig flag is checked here
+    spec = ShardSpec(corpus=cfg.corpus, vocab_size=load_model_config(cfg.config).vocab_size,
                      shard_tokens=args.shard_tokens)  # fmt: skip
+    check_out(args.out)  # every file it writes, before any rank writes one
     if "WORLD_SIZE" in os.environ:  # torchrun: the ranks share the work
-        with distributed("cpu", timeout_s=args.timeout_s):
+        tokenize_once(spec)  # the corpus checked (and cached) before the ranks meet
+        with distributed("cpu", timeout_s=cfg.timeout_s):
             done = prepare(spec, args.out, progress=args.progress)
     else:
         done = prepare(spec, args.out, progress=args.progress)

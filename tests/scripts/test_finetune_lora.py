@@ -3,8 +3,8 @@
 A base model of 2 Lab 1 steps is enough to check what the script promises: the trainable
 parameters and AdamW's bytes equal the formula, the held-out loss on the new text goes
 down, the file holds the adapter alone and reloads onto a fresh base with the same
-logits. The page's recorded run is checked against the same formulas; bad input is one
-line, exit code 2, nothing written.
+logits. The page's recorded run is checked against the same formulas. Its bad inputs are
+cases of tests/scripts/bad_inputs.py, checked by test_bad_inputs.py.
 """
 
 import re
@@ -15,7 +15,6 @@ import torch
 
 from helpers import load_script, prose, recorded_output, said
 from tinyscale.core.config import load_model_config
-from tinyscale.core.errors import run_cli
 from tinyscale.workflows.lora import LoRAConfig, adapter_parameters_on_paper
 
 PAGE = "workflows/lora.md"
@@ -70,34 +69,6 @@ def test_finetune_trains_the_adapter_alone_and_reloads_it(
 def test_recorded_run_matches_the_formulas() -> None:
     lines = recorded_output(PAGE, "step_000100.pt --max-steps 50")
     check_output(lines, rank=8)
-
-
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["--rank", "0"], "error: LoRA rank must be a whole number >= 1, got 0: use e.g. 8"),
-        (["--rank", "65"], "error: LoRA rank 65 does not fit blocks.0.attn.qkv (64 -> 192): "
-                           "use a rank from 1 to 64"),
-        (["--targets", "attn.q"], "error: LoRA target 'attn.q' matches no nn.Linear of the "
-                                  "model: use some of attn.proj, attn.qkv, ffn.down, ffn.up, lm_head"),
-    ],
-)  # fmt: skip
-def test_bad_input_is_one_line_exit_2_nothing_written(
-    argv: list[str], message: str, base: Path, tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
-    script = load_script("finetune_lora")
-    out = tmp_path / "out"
-    code = run_cli(script.main, ["--base", str(base), "--output-dir", str(out), *argv])
-    assert code == 2
-    assert capsys.readouterr().err.splitlines() == [message]
-    assert not out.exists()
-
-
-def test_a_missing_base_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    script = load_script("finetune_lora")
-    assert run_cli(script.main, ["--base", str(tmp_path / "nope.pt")]) == 2
-    assert capsys.readouterr().err.startswith(f"error: checkpoint {tmp_path / 'nope.pt'} not found")
 
 
 def test_the_pages_table_is_the_recorded_run_and_the_formulas() -> None:

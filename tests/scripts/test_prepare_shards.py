@@ -2,11 +2,10 @@
 
 - The command writes the shards and says so; run again, it writes nothing.
 - Lab 1 and Lab 2 on the shards train on exactly the tokens of the text: the same losses.
-- Bad input is refused through the real CLI: exit code 2, one line, nothing written.
+- Bad input: cases of tests/scripts/bad_inputs.py, checked by test_bad_inputs.py.
 """
 
 import json
-import os
 from pathlib import Path
 from types import ModuleType
 
@@ -14,7 +13,6 @@ import pytest
 
 from helpers import load_script
 from tinyscale.comm.launch import free_port
-from tinyscale.core.errors import run_cli
 from tinyscale.core.metrics import read_metrics
 
 
@@ -77,22 +75,3 @@ def test_lab2_on_the_shards_trains_on_the_same_tokens(
     text, shards = summaries
     assert shards["final_loss"] == text["final_loss"]
     assert shards["heldout_loss"] == text["heldout_loss"]
-
-
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["--shard-tokens", "1"], "error: --shard-tokens must be at least 2, got 1\n"),
-        (["--corpus", "nope.txt"], "error: corpus 'nope.txt' is neither a known name"),
-    ],
-)
-def test_bad_input_is_one_line_and_exit_code_2(
-    script: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str],
-    message: str,
-) -> None:  # fmt: skip
-    out = tmp_path / "never"
-    assert run_cli(script.main, [*args, "--out", str(out)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith(message) and err.count("\n") == 1
-    assert not out.exists() or not any(out.iterdir())
-    assert "WORLD_SIZE" not in os.environ  # one process: no process group was joined

@@ -13,7 +13,6 @@ is a ``Job`` with the script's own checked fields added.
 """
 
 import dataclasses
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from tinyscale.core.checkpoint import latest_checkpoint
 from tinyscale.core.cli import flag
 from tinyscale.core.config import ModelConfig, load_model_config
 from tinyscale.core.errors import UsageError, run_cli
+from tinyscale.core.outputs import check_writable
 from tinyscale.core.training import TrainConfig
 
 
@@ -50,8 +50,9 @@ def check_job(
     """
     env = dist_env() if env is None else env  # no RANK/WORLD_SIZE or MASTER_ADDR: one line
     device = device_for(env, cfg.device)  # --device cuda without a GPU: one line
-    for name in ("output_dir", "log_dir"):  # every rank writes its log, rank 0 the outputs
-        check_writable(getattr(cfg, name), flag(name))
+    # every place the job writes (core.outputs): rank 0 the checkpoints, every rank its log
+    check_writable(cfg.output_dir, flag("output_dir"), "checkpoints")
+    check_writable(cfg.log_dir, flag("log_dir"), f"rank_{env.rank}", "train.log", file=True)
     model_cfg = load_model_config(cfg.config)
     if dropout is not None:
         if not 0 <= dropout < 1:
@@ -62,18 +63,6 @@ def check_job(
     else:
         checkpoint = None if cfg.resume is None else Path(cfg.resume)
     return Job(env=env, device=device, model_cfg=model_cfg, cfg=cfg, checkpoint=checkpoint)
-
-
-def check_writable(folder: str, name: str) -> None:
-    """A folder the job creates if missing: its nearest existing parent must take files."""
-    existing = Path(folder).absolute()
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise UsageError(
-            f"{name} {folder} cannot be created or written ({existing} is not a folder this "
-            f"process may write to): pass another {name}"
-        )
 
 
 def check_steps_left(step: int, stop_at: int, *, fix: str = "--epochs") -> None:

@@ -21,6 +21,7 @@ import math
 from collections.abc import Sequence
 
 from tinyscale.composed.two_d import tensor_step_bytes
+from tinyscale.core.cli import flag
 from tinyscale.core.config import PRESETS, ModelConfig, preset
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.flops import flops_per_token
@@ -49,6 +50,15 @@ class Cluster:
     intra_gbs: float = 450.0  # NVLink, GB/s each way per GPU
     inter_gbs: float = 50.0  # one 400 Gb/s InfiniBand NIC per GPU
 
+    def __post_init__(self) -> None:
+        for name in ("gpus", "gpus_per_node"):
+            at_least_one(name, getattr(self, name))
+        for name in ("memory_gb", "usable", "peak_tflops", "intra_gbs", "inter_gbs"):
+            value, share = getattr(self, name), name == "usable"  # usable: a share, up to 1
+            if not (value > 0 and math.isfinite(value)) or (share and value > 1):
+                what = "in (0, 1]" if share else "a positive number"
+                raise UsageError(f"{label(name)} must be {what}, got {value}")
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Workload:
@@ -58,6 +68,26 @@ class Workload:
     micro_batch: int = 1  # sequences per forward/backward on one GPU
     precision: str = "bf16"
     recompute: bool = False  # full activation checkpointing: keep block inputs only
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "global_batch", "micro_batch"):
+            at_least_one(name, getattr(self, name))
+        if self.seq_len > self.model.max_position_embeddings:
+            raise UsageError(f"--seq-len {self.seq_len} is longer than the model's "
+                             f"{self.model.max_position_embeddings} positions: lower it")  # fmt: skip
+
+
+FLAGS = ("gpus", "gpus_per_node", "memory_gb", "seq_len", "global_batch")  # main's flags
+
+
+def label(name: str) -> str:
+    """A field as the reader set it: its flag, or its name where no flag sets it."""
+    return flag(name) if name in FLAGS else name
+
+
+def at_least_one(name: str, value: int) -> None:
+    if value < 1:
+        raise UsageError(f"{label(name)} must be a whole number >= 1, got {value}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,8 +157,8 @@ def evaluate(w: Workload, c: Cluster, *, dp: int, tp: int, pp: int, zero: int) -
 
 
 # --8<-- [start:plan]
-def layouts(w: Workload, c: Cluster) -> list[tuple[int, int, int, int]]:
-    """Every (dp, tp, pp, ZeRO stage) the model and the cluster allow."""
+def splits(w: Workload, c: Cluster) -> list[tuple[int, int, int]]:
+    """Every (dp, tp, pp) whose product is the GPUs, as the model and the nodes allow."""
     cfg, found = w.model, []
     for tp in (1, 2, 4, 8, 16):
         fits_heads = cfg.num_attention_heads % tp == 0 and cfg.vocab_size % tp == 0
@@ -137,29 +167,42 @@ def layouts(w: Workload, c: Cluster) -> list[tuple[int, int, int, int]]:
         for pp in (1, 2, 4, 8, 16, 32):
             if c.gpus % (tp * pp) or pp > cfg.num_hidden_layers:
                 continue
-            dp = c.gpus // (tp * pp)
-            if w.global_batch % (dp * w.micro_batch):
-                continue  # every replica gets whole micro-batches
-            for zero in (0, 1, 2, 3):
-                if pp > 1 and zero > 1:
-                    continue  # gradients accumulate over micro-batches: stages keep them whole
-                found.append((dp, tp, pp, zero))
+            found.append((c.gpus // (tp * pp), tp, pp))
+    return found  # never empty: dp = every GPU, tp = pp = 1
+
+
+def layouts(w: Workload, c: Cluster) -> list[tuple[int, int, int, int]]:
+    """Every (dp, tp, pp, ZeRO stage) the model and the cluster allow."""
+    found = []
+    for dp, tp, pp in splits(w, c):
+        if w.global_batch % (dp * w.micro_batch):
+            continue  # every replica gets whole micro-batches
+        for zero in (0, 1, 2, 3):
+            if pp > 1 and zero > 1:
+                continue  # gradients accumulate over micro-batches: stages keep them whole
+            found.append((dp, tp, pp, zero))
     return found
 
 
 def plan(w: Workload, c: Cluster) -> list[Plan]:
     """The layouts that fit, fastest first (then the least memory)."""
-    if c.gpus < 1 or w.global_batch < 1 or w.seq_len > w.model.max_position_embeddings:
-        raise UsageError("need at least 1 GPU and 1 sequence, and seq_len within the model's")
+    found = layouts(w, c)
+    if not found:  # not memory: the batch does not split over any layout's replicas
+        sizes = sorted({dp * w.micro_batch for dp, _, _ in splits(w, c)})
+        fit = min(-(-w.global_batch // n) * n for n in sizes)  # the next batch one divides
+        raise UsageError(
+            f"no layout of {c.gpus} GPUs takes --global-batch {w.global_batch}: their "
+            f"data-parallel sizes ({', '.join(map(str, sizes))}) do not divide it, so replicas "
+            f"would get unequal batches; use e.g. --global-batch {fit}, or other --gpus"
+        )
     budget = c.memory_gb * 1e9 * c.usable
-    plans = [evaluate(w, c, dp=d, tp=t, pp=p, zero=z) for d, t, p, z in layouts(w, c)]
+    plans = [evaluate(w, c, dp=d, tp=t, pp=p, zero=z) for d, t, p, z in found]
     fitting = [p for p in plans if p.memory <= budget]
     if not fitting:
-        least = min(plans, key=lambda p: p.memory) if plans else None
-        need = f"; the smallest needs {human_bytes(least.memory)} per GPU" if least else ""
+        least = human_bytes(min(p.memory for p in plans))
         raise UsageError(
-            f"no layout fits in {c.memory_gb:g} GB x {c.usable:g}{need}: "
-            "add GPUs, turn on --recompute, or shorten the sequences"
+            f"no layout fits in {c.memory_gb:g} GB x {c.usable:g}; the smallest needs {least} "
+            "per GPU: raise --gpus or --memory-gb, add --recompute, or lower --seq-len"
         )
     return sorted(fitting, key=lambda p: (round(p.step_s, 3), p.memory))
 
@@ -189,6 +232,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--recompute", action="store_true", help="full activation checkpointing")
     parser.add_argument("--top", type=int, default=3)
     args = parser.parse_args(argv)
+    if args.top < 1:
+        raise UsageError(f"--top must be a whole number >= 1, got {args.top}")
     w = Workload(model=preset(args.model), seq_len=args.seq_len,
                  global_batch=args.global_batch, recompute=args.recompute)  # fmt: skip
     c = Cluster(gpus=args.gpus, gpus_per_node=args.gpus_per_node, memory_gb=args.memory_gb)

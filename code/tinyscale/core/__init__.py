@@ -6,6 +6,7 @@ else of tinyscale: a core module runs in one process, with no process group.
 
     module          taught on
     errors          workshop/lab-1.md
+    outputs         start/testing.md
     config          workshop/lab-1.md
     cli             workshop/session-a.md
     device          start/overview.md, workshop/session-a.md

@@ -125,14 +125,26 @@ def add_lora(model: nn.Module, cfg: LoRAConfig) -> dict[str, LoRALinear]:
 
     Every input is checked before the model is touched: a bad target or rank leaves it as it was.
     """
+    owners: dict[int, list[str]] = {}  # a tied weight is one tensor under two names
+    for name, p in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(id(p), []).append(name)
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
     chosen = {n: m for n, m in linears.items() if any(matches(n, t) for t in cfg.targets)}
     for target in cfg.targets:
         if not any(matches(n, target) for n in chosen):
-            names = sorted({".".join(n.split(".")[-2:]).lstrip("0123456789.") for n in linears})
+            free = [n for n, m in linears.items() if len(owners[id(m.weight)]) == 1]
+            names = sorted({".".join(n.split(".")[-2:]).lstrip("0123456789.") for n in free})
             raise UsageError(
                 f"LoRA target {target!r} matches no nn.Linear of the model: use some of "
                 f"{', '.join(names)}"
+            )
+    for name, linear in chosen.items():  # merge would write B A into the other one too
+        if len(also := owners[id(linear.weight)]) > 1:
+            target = next(t for t in cfg.targets if matches(name, t))
+            raise UsageError(
+                f"LoRA target {target!r} would adapt {name}, whose weight is also "
+                f"{next(o for o in also if o != f'{name}.weight')} (tied embeddings): merging "
+                "B A into it would change both; leave it out of the targets"
             )
     for name, linear in chosen.items():
         check_rank(name, linear, cfg.rank)
@@ -160,11 +172,19 @@ def set_merged(model: nn.Module, merged: bool) -> None:
 
 # --8<-- [start:formula]
 def adapter_parameters_on_paper(model_cfg: ModelConfig, cfg: LoRAConfig) -> int:
-    """r (d_in + d_out) per adapted matrix, from the model's shape alone (not from the modules)."""
-    h, i = model_cfg.hidden_size, model_cfg.intermediate_size
-    shapes = {"attn.qkv": (h, 3 * h), "attn.proj": (h, h), "ffn.up": (h, i), "ffn.down": (i, h)}
-    per_block = sum(cfg.rank * sum(shapes[t]) for t in cfg.targets)
-    return model_cfg.num_hidden_layers * per_block
+    """r (d_in + d_out) per adapted matrix, from the model's shape alone (not from the modules).
+
+    A target is matched as ``add_lora`` matches it ("up" adapts every ffn.up); the head is
+    one matrix for the whole model, the others one per block.
+    """
+    h, i, v = model_cfg.hidden_size, model_cfg.intermediate_size, model_cfg.vocab_size
+    block = {"attn.qkv": (h, 3 * h), "attn.proj": (h, h), "ffn.up": (h, i), "ffn.down": (i, h)}
+
+    def adapted(shapes: dict[str, tuple[int, int]]) -> int:
+        chosen = [s for n, s in shapes.items() if any(matches(n, t) for t in cfg.targets)]
+        return sum(cfg.rank * (d_in + d_out) for d_in, d_out in chosen)
+
+    return model_cfg.num_hidden_layers * adapted(block) + adapted({"lm_head": (h, v)})
 
 
 def trainable_parameters(model: nn.Module) -> int:

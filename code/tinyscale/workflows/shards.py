@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from tinyscale.core.data import build_datasets, write_atomic
 from tinyscale.core.errors import UsageError
+from tinyscale.core.outputs import check_writable
 
 INDEX = "index.json"
 TOKENIZER = "tokenizer.json"
@@ -129,18 +130,31 @@ def write_index(
     return index
 
 
+def check_out(out: str | Path) -> None:
+    """Every place ``prepare`` writes in ``out`` (core.outputs): the folder, its index, its
+    tokenizer and its shards, checked before the first is written."""
+    check_writable(out, "--out")
+    for name in (INDEX, TOKENIZER):
+        check_writable(out, "--out", name, file=True)
+    for split in SPLITS:  # a shard's name taken by a folder
+        for path in sorted(Path(out).glob(f"{split}_*.bin")):
+            check_writable(out, "--out", path.name, file=True)
+
+
 def prepare(spec: ShardSpec, out: str | Path, progress: bool | None = None) -> dict[str, Any]:
     """Tokenize, write this rank's shards, and (rank 0, after all ranks) the index.
 
     One process, or every rank of a launch (torchrun, or run_on_ranks in the tests): the
     ranks split the shards between them and meet once, to hand rank 0 their entries.
+    Nothing is created before ``out`` and the corpus are checked.
     """
     out = Path(out)
+    check_out(out)
+    tokenizer, streams = tokenize_once(spec)  # a corpus that is not there: one line
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     out.mkdir(parents=True, exist_ok=True)
     if rank == 0:
         (out / INDEX).unlink(missing_ok=True)  # unfinished until the new index is written
-    tokenizer, streams = tokenize_once(spec)
     entries = write_shards(streams, out, spec, rank=rank, world_size=world, progress=progress)
     every = [entries]
     if world > 1:

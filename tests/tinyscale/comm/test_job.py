@@ -47,7 +47,7 @@ def test_resume_auto_picks_the_newest_complete_checkpoint(
     checkpoints.mkdir(parents=True)
     assert check_job(config(tmp_path, resume="auto")).checkpoint is None  # none yet: scratch
     for step in (4, 8):
-        (checkpoints / f"step_{step:06d}.pt").write_bytes(b"")
+        torch.save({}, checkpoints / f"step_{step:06d}.pt")  # whole: a zip, as torch.save ends
     (checkpoints / "step_000012").mkdir()  # a directory without its manifest: incomplete
     assert check_job(config(tmp_path, resume="auto")).checkpoint == checkpoints / "step_000008.pt"
     given = check_job(config(tmp_path, resume="elsewhere/step_000002.pt"))
@@ -77,6 +77,28 @@ def test_bad_inputs_are_one_line_naming_the_fix(
     )
     monkeypatch.delenv("RANK")
     assert one_line_error(check_job, config(tmp_path)).startswith("not launched by torchrun")
+
+
+def test_every_place_the_job_writes_is_checked_before_it_starts(
+    rank_1_of_4: None, tmp_path: Path
+) -> None:
+    """A file where its checkpoints folder goes, a folder where this rank's log goes."""
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    out.mkdir()
+    (out / "checkpoints").write_text("")
+    assert one_line_error(check_job, config(tmp_path)) == (
+        f"--output-dir {out}: {out / 'checkpoints'} is a file, where the run writes a folder: "
+        "remove it or pass another --output-dir"
+    )
+    (out / "checkpoints").unlink()
+    (logs / "rank_1" / "train.log").mkdir(parents=True)
+    assert one_line_error(check_job, config(tmp_path)) == (
+        f"--log-dir {logs}: {logs / 'rank_1' / 'train.log'} is a folder, where the run writes "
+        "a file: remove it or pass another --log-dir"
+    )
+    (logs / "rank_1" / "train.log").rmdir()
+    (logs / "rank_0").write_text("")  # another rank's place: that rank checks it
+    check_job(config(tmp_path))
 
 
 def test_a_resumed_run_needs_steps_left() -> None:

@@ -3,6 +3,7 @@ what trains, merge and unmerge, parity with Hugging Face PEFT, the adapter file,
 and the bytes DDP and FSDP2 move when only the adapters train (one launch of 2 gloo ranks)."""
 
 import copy
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,16 @@ def test_trainable_parameters_and_adamw_bytes_equal_the_formula(
     assert optimizer_state_bytes(optimizer) == 2 * 4 * expected  # exp_avg, exp_avg_sq in fp32
 
 
+@pytest.mark.parametrize("targets", [("lm_head",), ("up", "qkv"), ("attn.proj", "lm_head")])
+def test_the_formula_counts_every_target_add_lora_accepts(targets: tuple[str, ...]) -> None:
+    """The head (once, not per block: untied here) and a name's end, as add_lora matches."""
+    torch.manual_seed(0)
+    model = TinyTransformer(dataclasses.replace(preset("tiny"), tie_word_embeddings=False))
+    cfg = LoRAConfig(rank=2, targets=targets)
+    add_lora(model, cfg)
+    assert trainable_parameters(model) == adapter_parameters_on_paper(model.cfg, cfg)
+
+
 def test_merge_equals_the_unmerged_forward_and_unmerge_gives_w_back() -> None:
     model = tiny()
     weights = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -154,7 +165,10 @@ def test_loading_an_adapter_onto_another_shape_is_refused(tmp_path: Path) -> Non
         (dict(rank=33), "LoRA rank 33 does not fit blocks.0.attn.qkv (32 -> 96): use a rank from 1 to 32"),
         (dict(rank=4, targets=("attn.qkv", "attn.query")),
          "LoRA target 'attn.query' matches no nn.Linear of the model: use some of attn.proj, "
-         "attn.qkv, ffn.down, ffn.up, lm_head"),
+         "attn.qkv, ffn.down, ffn.up"),
+        (dict(rank=4, targets=("attn.qkv", "lm_head")),
+         "LoRA target 'lm_head' would adapt lm_head, whose weight is also tok_emb.weight (tied "
+         "embeddings): merging B A into it would change both; leave it out of the targets"),
     ],
 )  # fmt: skip
 def test_bad_rank_or_target_is_one_line_and_leaves_the_model_as_it_was(
