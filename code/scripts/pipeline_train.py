@@ -98,8 +98,10 @@ def check_inputs(args: argparse.Namespace) -> Run:
             f"model has {model_cfg.num_hidden_layers} blocks: lower --pp, or use a --config "
             "with more num_hidden_layers"
         )
+    if args.microbatches < 1:
+        raise UsageError(f"--microbatches must be a whole number >= 1, got {args.microbatches}")
     batch = cfg.global_batch_size // dp  # each pipeline's share
-    if cfg.global_batch_size % dp or args.microbatches < 1 or batch % args.microbatches:
+    if cfg.global_batch_size % dp or batch % args.microbatches:
         raise UsageError(
             f"--microbatches {args.microbatches} does not divide the {batch} samples each of "
             f"the {dp} pipelines gets (--global-batch-size {cfg.global_batch_size} / dp {dp})"
@@ -107,7 +109,10 @@ def check_inputs(args: argparse.Namespace) -> Run:
     blocks = [list(r) for r in split_layers(model_cfg.num_hidden_layers, stages)]
     mine = stage_placement(args.schedule, rank=layout.coordinate(env.rank)["pp"], pp=args.pp)
     path = job.checkpoint
-    resume = load_ranked(path, rank=env.rank, world_size=env.world_size) if path else None
+    resume = (  # every file whole (the manifest's sizes, mine its sha256), and this model's
+        load_ranked(path, rank=env.rank, world_size=env.world_size, expect=model_cfg)
+        if path else None
+    )  # fmt: skip
     if resume is not None and (resume["layout"], resume["stages"]) != (blocks, mine):
         raise UsageError(
             f"checkpoint {path} was cut by --pp {resume['pp']} --schedule {resume['schedule']}, "
@@ -190,40 +195,38 @@ def train(run: Run, batches_per_epoch: int, data: Any) -> None:
         """clip_grad_norm_ over every stage of the pipeline: the norm of them all."""
         return clip_grad_norm(stages, max_norm, group=pp_group, tied_copy=stage_rank == last != 0)
 
-    while step < plan.stop_at:
-        epoch, batch_in_epoch = plan.position(step)
-        order = epoch_batches(len(data.train), cfg.global_batch_size, seed=cfg.seed, epoch=epoch)
-        for indices in order[batch_in_epoch:]:
-            t0 = time.perf_counter()
-            mine_idx = indices[replica * per_pipeline : (replica + 1) * per_pipeline]
-            x, y = get_batch(data.train, mine_idx, device)  # (B/dp, T) each
-            result = train_step(  # Lab 1's step, given what the pipeline changes
-                loss_fn=run_schedule,
-                micro_batches=[(x, y)],  # the schedule cuts it into --microbatches
-                backward=after_backward,
-                optimizer=optimizer,
-                lr=lr_at(step, cfg, plan.total_steps),
-                max_norm=cfg.grad_clip,
-                clip_params=mine,
-                clip_fn=clip_pipeline,
-            )
-            step += 1
-            if step % cfg.log_every == 0 or step == plan.stop_at:
-                loss = torch.tensor(result.loss, device=device)  # 0 off the last stage
-                dist.all_reduce(loss)  # only the dp last-stage ranks add: / dp is the mean
-                seconds = time.perf_counter() - t0
-                speed = cfg.global_batch_size * x.shape[1] / seconds  # all pipelines' tokens
-                mean = loss.item() / layout.dp_replicate
-                log.info(f"step {step:4d}/{plan.total_steps} | loss {mean:.4f} "
-                         f"| {speed:,.0f} tokens/s")  # fmt: skip
-            if step % cfg.checkpoint_every == 0 or step == plan.stop_at:
-                state = training_state(model=local, optimizer=optimizer, cfg=cfg, step=step,
-                                       epoch=epoch, device=device, pp=layout.pp, stages=run.stages,
-                                       schedule=run.schedule, layout=run.blocks)  # fmt: skip
-                path = save_ranked(state, Path(cfg.output_dir, "checkpoints"), step=step)
-                log.info(f"saved {path}")
-            if step == plan.stop_at:
-                break
+    def order(epoch: int) -> list[list[int]]:  # this epoch's batches: seed and epoch
+        return epoch_batches(len(data.train), cfg.global_batch_size, seed=cfg.seed, epoch=epoch)
+
+    for epoch, indices in plan.batches(step, order):
+        t0 = time.perf_counter()
+        mine_idx = indices[replica * per_pipeline : (replica + 1) * per_pipeline]
+        x, y = get_batch(data.train, mine_idx, device)  # (B/dp, T) each
+        result = train_step(  # Lab 1's step, given what the pipeline changes
+            loss_fn=run_schedule,
+            micro_batches=[(x, y)],  # the schedule cuts it into --microbatches
+            backward=after_backward,
+            optimizer=optimizer,
+            lr=lr_at(step, cfg, plan.total_steps),
+            max_norm=cfg.grad_clip,
+            clip_params=mine,
+            clip_fn=clip_pipeline,
+        )
+        step += 1
+        if step % cfg.log_every == 0 or step == plan.stop_at:
+            loss = torch.tensor(result.loss, device=device)  # 0 off the last stage
+            dist.all_reduce(loss)  # only the dp last-stage ranks add: / dp is the mean
+            seconds = time.perf_counter() - t0
+            speed = cfg.global_batch_size * x.shape[1] / seconds  # all pipelines' tokens
+            mean = loss.item() / layout.dp_replicate
+            log.info(f"step {step:4d}/{plan.total_steps} | loss {mean:.4f} "
+                     f"| {speed:,.0f} tokens/s")  # fmt: skip
+        if step % cfg.checkpoint_every == 0 or step == plan.stop_at:
+            state = training_state(model=local, optimizer=optimizer, cfg=cfg, step=step,
+                                   epoch=epoch, device=device, pp=layout.pp, stages=run.stages,
+                                   schedule=run.schedule, layout=run.blocks)  # fmt: skip
+            path = save_ranked(state, Path(cfg.output_dir, "checkpoints"), step=step)
+            log.info(f"saved {path}")
 
 
 # --8<-- [end:loop]
@@ -237,7 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     batches = len(epoch_batches(len(data.train), run.cfg.global_batch_size, seed=0, epoch=0))
     plan = plan_steps(batches, run.cfg, samples=len(data.train))
     if run.resume is not None:  # steps left to train?
-        check_steps_left(run.resume["step"], plan.stop_at)
+        limit = "--epochs" if plan.stop_at == plan.total_steps else "--max-steps"
+        check_steps_left(run.resume["step"], plan.stop_at, fix=limit)
     with distributed(run.cfg.device, timeout_s=run.cfg.timeout_s):  # joins, always leaves
         train(run, batches, data)
     return 0

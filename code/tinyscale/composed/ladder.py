@@ -17,6 +17,7 @@ from tinyscale.comm.launch import run_on_ranks
 from tinyscale.composed.two_d import train_2d
 from tinyscale.core.config import preset
 from tinyscale.core.model import TinyTransformer
+from tinyscale.core.step import train_step
 from tinyscale.data_parallel.zero import ZeRO
 from tinyscale.pipeline_parallel.pipeline import Pipeline, PipelineConfig
 from tinyscale.tensor_parallel.tp_model import TensorParallelTransformer
@@ -46,14 +47,9 @@ def mean_over_ranks(loss: float) -> float:
 def one_process() -> list[float]:
     model, batches = start()
     optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
-    losses = []
-    for x, y in batches:
-        loss = model(x, y)[1]
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return losses
+    steps = [train_step(loss_fn=lambda x, y: model(x, y)[1], micro_batches=[batch],
+                        optimizer=optimizer, lr=LR) for batch in batches]  # fmt: skip
+    return [s.loss for s in steps]
 
 
 def rung(name: str, sync_norms: bool = True) -> list[float]:
