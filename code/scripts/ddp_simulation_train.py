@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from tinyscale.comm.dist import distributed, exit_without_teardown, rank_logger, rank_spread
-from tinyscale.comm.job import Job, check_job, check_steps_left, run_job
+from tinyscale.comm.job import Job, check_job, run_job
 from tinyscale.core.checkpoint import (
     checkpoint_name,
     load_checkpoint,
@@ -293,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sampler = make_sampler(data.train, run.env, run.split, seed=run.cfg.seed)  # enough data?
     if run.resume is not None:  # and steps left to train?
-        check_steps_left(run.resume["step"], rank_step_plan(sampler, run.split, run.cfg).stop_at)
+        rank_step_plan(sampler, run.split, run.cfg).check_steps_left(run.resume["step"])
     setup = wandb_setup(run.cfg.wandb, run.cfg.output_dir, rank=run.env.rank,
                         every_rank=run.args.wandb_every_rank)  # fmt: skip
     config = dataclasses.asdict(run.cfg) | {"rank": run.env.rank, "world_size": run.env.world_size}

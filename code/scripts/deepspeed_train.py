@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 
 from tinyscale.comm.dist import dist_env, distributed, rank_logger
-from tinyscale.comm.job import Job, check_job, check_steps_left
+from tinyscale.comm.job import Job, check_job
 from tinyscale.compat.deepspeed_checkpoint import (
     check_resume,
     latest_tag,
@@ -273,8 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         block_size=run.model_cfg.max_position_embeddings,
     )
     sampler = make_sampler(data.train, run.env, run.split, seed=run.cfg.seed)  # enough data?
-    stop_at = rank_step_plan(sampler, run.split, run.cfg).stop_at
-    check_steps_left(run.resume_step, stop_at, fix="--max-steps or --epochs")
+    rank_step_plan(sampler, run.split, run.cfg).check_steps_left(run.resume_step)
     with distributed(run.cfg.device, timeout_s=run.cfg.timeout_s), quiet_deepspeed():
         train(run, data)
     return 0

@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from tinyscale.comm.dist import distributed, rank_logger
-from tinyscale.comm.job import Job, check_job, check_steps_left, run_job
+from tinyscale.comm.job import Job, check_job, run_job
 from tinyscale.comm.parallel_layout import AXES, ParallelLayout, ParallelMesh, add_layout_flags
 from tinyscale.composed.parallelize import StageStep, parallelize
 from tinyscale.composed.shape_checkpoint import load_any_shape, read_training_state, save_any_shape
@@ -200,8 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     batches = len(epoch_batches(len(data.train), run.cfg.global_batch_size, seed=0, epoch=0))
     plan = plan_steps(batches, run.cfg, samples=len(data.train))
     if run.resume is not None:  # steps left to train? else one line, before joining
-        limit = "--epochs" if plan.stop_at == plan.total_steps else "--max-steps"
-        check_steps_left(run.resume["step"], plan.stop_at, fix=limit)
+        plan.check_steps_left(run.resume["step"])
     with distributed(run.cfg.device, timeout_s=run.cfg.timeout_s):  # joins, always leaves
         train(run, data, batches)
     return 0

@@ -239,7 +239,7 @@ def test_resume_at_the_end_is_refused_before_joining(
     assert run_cli(script.main, [*argv, "--max-steps", str(STEPS)]) == 2
     assert capsys.readouterr().err == (
         f"error: the checkpoint is at step {STEPS}, the end of this run: raise --max-steps "
-        "or --epochs\n"
+        "to train further\n"
     )
 
 

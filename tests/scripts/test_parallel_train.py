@@ -232,7 +232,7 @@ def test_another_models_checkpoint_or_one_at_the_end_is_one_line(
         "config says hidden_size=32: pass the --config it was trained with, or start a new run"
     )
     assert bad_input("parallel_train", [*DP2, "--resume", step3], WORLD_SIZE="2") == (
-        f"error: the checkpoint is at step {STEPS}, the end of this run: raise --max-steps"
+        f"error: the checkpoint is at step {STEPS}, the end of this run: raise --max-steps to train further"
     )
 
 

@@ -157,5 +157,5 @@ def test_another_models_checkpoint_or_one_at_the_end_is_one_line(
         "config says hidden_size=32: pass the --config it was trained with, or start a new run"
     )
     assert bad_input("pipeline_train", [*PP2, "--resume", str(step2)], WORLD_SIZE="2") == (
-        "error: the checkpoint is at step 2, the end of this run: raise --max-steps"
+        "error: the checkpoint is at step 2, the end of this run: raise --max-steps to train further"
     )

@@ -65,12 +65,6 @@ def check_job(
     return Job(env=env, device=device, model_cfg=model_cfg, cfg=cfg, checkpoint=checkpoint)
 
 
-def check_steps_left(step: int, stop_at: int, *, fix: str = "--epochs") -> None:
-    """A resumed run must have steps to train: a checkpoint at its end is refused."""
-    if step >= stop_at:
-        raise UsageError(f"the checkpoint is at step {step}, the end of this run: raise {fix}")
-
-
 # --8<-- [end:check]
 
 

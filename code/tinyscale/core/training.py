@@ -147,6 +147,16 @@ class StepPlan:
         """(epoch, batch within it) of the next step after ``step``: where a resume goes on."""
         return divmod(step, self.steps_per_epoch)
 
+    def check_steps_left(self, step: int) -> None:
+        """A resumed run must have steps to train: a checkpoint at its end is one line that
+        names the flag which set the end (--max-steps, or else --epochs)."""
+        if step >= self.stop_at:
+            flag = "--epochs" if self.stop_at == self.total_steps else "--max-steps"
+            raise UsageError(
+                f"the checkpoint is at step {step}, the end of this run: raise {flag} to train "
+                "further"
+            )
+
     def batches(self, step: int, order: Callable[[int], Sequence[B]]) -> Iterator[tuple[int, B]]:
         """(epoch, batch) of every step after ``step``, up to ``stop_at``: ``order(epoch)``
         is that epoch's batches, and a resume goes on mid-epoch where it stopped."""
@@ -253,11 +263,7 @@ def train(
     step = 0
     if resume is not None:  # put back everything that decides what happens next
         step = restore_training_state(resume, model, optimizer, device=device)
-    if step >= plan.stop_at:
-        flag = "--epochs" if plan.stop_at == plan.total_steps else "--max-steps"
-        raise UsageError(
-            f"the checkpoint is at step {step}, the end of this run: raise {flag} to train further"
-        )
+    plan.check_steps_left(step)
     history = resume["history"] if resume else None
     logger = MetricsLogger(out, history=history, resume_step=step, mirror=mirror)
     remove_stale_temps(out / "checkpoints")  # left by a save that was killed mid-write

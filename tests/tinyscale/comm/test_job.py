@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from helpers import one_line_error
-from tinyscale.comm.job import Job, check_job, check_steps_left, run_job
+from tinyscale.comm.job import Job, check_job, run_job
 from tinyscale.core.errors import ArgumentParser, UsageError
 from tinyscale.core.training import TrainConfig
 
@@ -99,14 +99,6 @@ def test_every_place_the_job_writes_is_checked_before_it_starts(
     (logs / "rank_1" / "train.log").rmdir()
     (logs / "rank_0").write_text("")  # another rank's place: that rank checks it
     check_job(config(tmp_path))
-
-
-def test_a_resumed_run_needs_steps_left() -> None:
-    check_steps_left(49, 50)
-    assert one_line_error(check_steps_left, 50, 50) == (
-        "the checkpoint is at step 50, the end of this run: raise --epochs"
-    )
-    assert one_line_error(check_steps_left, 60, 50, fix="--max-steps").endswith("--max-steps")
 
 
 def test_a_scripts_run_is_the_job_with_its_own_fields(rank_1_of_4: None, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import one_line_error
 from tinyscale.core.config import preset
 from tinyscale.core.data import TokenBlocks, epoch_batches, get_batch
 from tinyscale.core.errors import UsageError
@@ -119,6 +120,17 @@ def test_the_plans_batches_go_on_where_a_resume_left_off() -> None:
     assert whole == [(e, f"e{e}b{b}") for e in range(3) for b in range(3)][:7]
     for k in range(8):
         assert list(plan.batches(k, order)) == whole[k:]
+
+
+def test_a_resumed_run_needs_steps_left_and_the_line_names_the_flag_that_ends_it() -> None:
+    plan_steps(30, TrainConfig(epochs=2), samples=480).check_steps_left(59)
+    at_end = one_line_error(plan_steps(30, TrainConfig(epochs=2), samples=480).check_steps_left, 60)
+    assert (
+        at_end
+        == "the checkpoint is at step 60, the end of this run: raise --epochs to train further"
+    )
+    early = plan_steps(30, TrainConfig(epochs=2, max_steps=45), samples=480)
+    assert one_line_error(early.check_steps_left, 50).endswith("raise --max-steps to train further")
 
 
 def test_train_config_defaults_are_valid() -> None:
