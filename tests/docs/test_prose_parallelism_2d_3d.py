@@ -26,6 +26,7 @@ import pytest
 
 from helpers import fails_when_changed, load_script, prose, recorded_output, said
 from tinyscale.comm.counter import Call
+from tinyscale.comm.parallel_layout import ParallelLayout
 from tinyscale.composed import ladder
 from tinyscale.composed.planner import Cluster, Workload, evaluate
 from tinyscale.composed.two_d import tensor_step_bytes
@@ -154,7 +155,7 @@ def check_time_model(text: str) -> None:
     per_token = {}
     for again in (False, True):
         w = Workload(model=cfg, seq_len=T, global_batch=4, recompute=again)
-        step = evaluate(w, cluster, dp=1, tp=1, pp=1, zero=0).step_s  # compute alone
+        step = evaluate(w, cluster, ParallelLayout(), zero=0).step_s  # compute alone
         per_token[again] = step * cluster.peak_tflops * 1e12 / (w.global_batch * w.seq_len)
     assert per_token[False] == pytest.approx(flops_per_token(cfg, T), rel=1e-12)
     forward = 1 / 3  # of each term: 2 N and 4 L T d forward, 4 N and 8 L T d backward
@@ -169,7 +170,7 @@ def check_this_run(text: str) -> None:
         text, r"with sequence parallelism, ([\d,]+) bytes of activations: the numbers Step 3"
     )
     w = Workload(model=preset("tiny"), seq_len=16, global_batch=8, micro_batch=4, precision="fp32")
-    p = evaluate(w, Cluster(gpus=4, gpus_per_node=4), dp=2, tp=2, pp=1, zero=1)
+    p = evaluate(w, Cluster(gpus=4, gpus_per_node=4), ParallelLayout(dp_replicate=2, tp=2), zero=1)
     assert p.activations == number(activations)  # test_two_d.py: what the TP lesson measured
 
 

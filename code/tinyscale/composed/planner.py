@@ -20,6 +20,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 
+from tinyscale.comm.parallel_layout import ParallelLayout
 from tinyscale.composed.two_d import tensor_step_bytes
 from tinyscale.core.cli import flag
 from tinyscale.core.config import PRESETS, ModelConfig, preset
@@ -92,9 +93,7 @@ def at_least_one(name: str, value: int) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    dp: int
-    tp: int
-    pp: int
+    layout: ParallelLayout  # ZeRO-3 shards over dp_shard (FSDP), ZeRO 0-2 over dp_replicate
     zero: int
     microbatches: int  # per data-parallel replica per step
     params: int  # per GPU, before ZeRO: the busiest pipeline stage's TP shard
@@ -110,14 +109,26 @@ class Plan:
     def memory(self) -> int:
         return self.states + self.activations
 
+    @property
+    def dp(self) -> int:
+        return self.layout.data_parallel
+
+    @property
+    def tp(self) -> int:
+        return self.layout.tp
+
+    @property
+    def pp(self) -> int:
+        return self.layout.pp
+
 
 # --8<-- [end:inputs]
 
 
 # --8<-- [start:evaluate]
-def evaluate(w: Workload, c: Cluster, *, dp: int, tp: int, pp: int, zero: int) -> Plan:
+def evaluate(w: Workload, c: Cluster, layout: ParallelLayout, *, zero: int) -> Plan:
     """One layout's memory, bubble, bytes and step time, from the course's formulas."""
-    cfg = w.model
+    cfg, dp, tp, pp = w.model, layout.data_parallel, layout.tp, layout.pp
     stage = dataclasses.replace(cfg, num_hidden_layers=math.ceil(cfg.num_hidden_layers / pp))
     m = w.global_batch // (dp * w.micro_batch)  # micro-batches per replica per step
     e = activation_element_bytes(w.precision)  # also per gradient sent: the same dtype
@@ -149,8 +160,8 @@ def evaluate(w: Workload, c: Cluster, *, dp: int, tp: int, pp: int, zero: int) -
     exposed = max(0.0, data / ((c.inter_gbs if spans else c.intra_gbs) * 1e9) - compute)
     pipe_gbs = c.inter_gbs if tp * pp > c.gpus_per_node else c.intra_gbs
     step = compute + tensor / (c.intra_gbs * 1e9) + pipeline / (pipe_gbs * 1e9) + exposed
-    return Plan(dp, tp, pp, zero, m, params, states, activations, bubble, tensor, pipeline,
-                data, step)  # fmt: skip
+    return Plan(layout, zero, m, params, states, activations, bubble, tensor, pipeline, data,
+                step)  # fmt: skip
 
 
 # --8<-- [end:evaluate]
@@ -171,8 +182,8 @@ def splits(w: Workload, c: Cluster) -> list[tuple[int, int, int]]:
     return found  # never empty: dp = every GPU, tp = pp = 1
 
 
-def layouts(w: Workload, c: Cluster) -> list[tuple[int, int, int, int]]:
-    """Every (dp, tp, pp, ZeRO stage) the model and the cluster allow."""
+def layouts(w: Workload, c: Cluster) -> list[tuple[ParallelLayout, int]]:
+    """Every (layout, ZeRO stage) the model and the cluster allow."""
     found = []
     for dp, tp, pp in splits(w, c):
         if w.global_batch % (dp * w.micro_batch):
@@ -180,7 +191,8 @@ def layouts(w: Workload, c: Cluster) -> list[tuple[int, int, int, int]]:
         for zero in (0, 1, 2, 3):
             if pp > 1 and zero > 1:
                 continue  # gradients accumulate over micro-batches: stages keep them whole
-            found.append((dp, tp, pp, zero))
+            data = {"dp_shard" if zero == 3 else "dp_replicate": dp}  # ZeRO-3 is FSDP's axis
+            found.append((ParallelLayout(pp=pp, tp=tp, **data), zero))
     return found
 
 
@@ -196,7 +208,7 @@ def plan(w: Workload, c: Cluster) -> list[Plan]:
             f"would get unequal batches; use e.g. --global-batch {fit}, or other --gpus"
         )
     budget = c.memory_gb * 1e9 * c.usable
-    plans = [evaluate(w, c, dp=d, tp=t, pp=p, zero=z) for d, t, p, z in found]
+    plans = [evaluate(w, c, layout, zero=zero) for layout, zero in found]
     fitting = [p for p in plans if p.memory <= budget]
     if not fitting:
         least = human_bytes(min(p.memory for p in plans))

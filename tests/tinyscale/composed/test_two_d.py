@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from helpers import recorded_output
+from tinyscale.comm.parallel_layout import ParallelLayout
 from tinyscale.composed.two_d import tensor_step_bytes
 from tinyscale.core.config import preset
 from tinyscale.data_parallel.memory_calculator import (
@@ -79,7 +80,7 @@ def test_the_planners_numbers_for_this_run_are_the_measurements(runs) -> None:
 
     cfg = preset("tiny")
     w = Workload(model=cfg, seq_len=16, global_batch=8, micro_batch=4, precision="fp32")
-    p = evaluate(w, Cluster(gpus=4, gpus_per_node=4), dp=2, tp=2, pp=1, zero=1)
+    p = evaluate(w, Cluster(gpus=4, gpus_per_node=4), ParallelLayout(dp_replicate=2, tp=2), zero=1)
     assert p.microbatches == 1 and p.bubble == 0.0 and p.pipeline_bytes == 0.0
     assert p.params == runs[0].params
     assert p.tensor_bytes == runs[0].tensor_bytes and p.data_bytes == runs[0].data_bytes
