@@ -10,6 +10,7 @@ import inspect
 import json
 import os
 import re
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -71,6 +72,15 @@ def load_tool(name: str) -> ModuleType:
     return load_script(name, folder="tools")
 
 
+def torn_copy(checkpoints: Path, out: Path, step: int, name: str) -> Path:
+    """A copy of a run's ``checkpoints`` folder under ``out``, with step ``step``'s file
+    ``name`` cut to its first 100 bytes (a save killed mid-write); returns ``out``."""
+    shutil.copytree(checkpoints, out / "checkpoints")
+    path = out / "checkpoints" / f"step_{step:06d}" / name
+    path.write_bytes(path.read_bytes()[:100])
+    return out
+
+
 def load_bench(name: str) -> ModuleType:
     """Import benchmarks/<name>.py, with benchmarks/ on the path while it imports its
     siblings (timing, bench_zero): the same model and sizes the benchmark measured."""
@@ -84,6 +94,44 @@ def load_bench(name: str) -> ModuleType:
 # Page code that uses the course's SLURM cluster (one per machine, in build/slurm): such
 # pages run one after another, in one group (conftest.py).
 SLURM_COMMANDS = re.compile(r"\b(sbatch|srun|scontrol|squeue|scancel|sinfo|sacct|make)\b")
+
+
+PLACE = re.compile(r"(?<![\w/.\-])(?:runs|logs)/[\w.\-]+")  # a path that starts there
+FAILURE_DEMO = re.compile(r"\|\|\s*echo\s+\"exit code|\|\s*grep -o \"\w*Error")
+SCRIPT = re.compile(r"code/scripts/(\w+)\.py")
+# Folders two pages may share, and why that is safe.
+SHARED_ON_PURPOSE = {
+    # prepare_assets() writes the tokenizer and corpus atomically (every rank calls it);
+    # each page trains into a dump folder of its own (runs/torchtitan/out, .../pp).
+    "runs/torchtitan",
+}
+
+
+def script_defaults(name: str) -> tuple[str, ...]:
+    """Where a training script writes when its command names no --output-dir/--log-dir."""
+    script = load_script(name)
+    defaults, flags = getattr(script, "DEFAULTS", None), getattr(script, "FLAGS", ())
+    return tuple(getattr(defaults, f, "") if f in flags else "" for f in ("output_dir", "log_dir"))
+
+
+def places(command: str) -> set[str]:
+    """The runs/ and logs/ folders one command line uses (first level below them)."""
+    if FAILURE_DEMO.search(command):
+        return set()  # the course's rule: bad input writes nothing (its tests check it)
+    found = {_first_level(match) for match in PLACE.findall(command)}
+    for name in SCRIPT.findall(command):
+        output_dir, log_dir = script_defaults(name)
+        if output_dir and "--output-dir" not in command:
+            found.add(_first_level(output_dir))
+        if log_dir and "--log-dir" not in command:
+            found.add(_first_level(log_dir + "/rank_0"))  # each rank writes <log_dir>/rank_N
+    return found
+
+
+def _first_level(path: str) -> str:
+    parts = path.split("/")
+    second = "rank_N" if parts[1].startswith("rank_") else parts[1]
+    return f"{parts[0]}/{second}"
 
 
 def runnable_blocks(page: Path) -> list[Any]:

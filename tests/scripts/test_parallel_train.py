@@ -28,7 +28,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import TIMEOUTS, load_script, prose, recorded_output, said
+from helpers import TIMEOUTS, load_script, prose, recorded_output, said, torn_copy
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.composed.shape_checkpoint import STATE_FILE
 from tinyscale.core.checkpoint import MANIFEST, checkpoint_problem, load_checkpoint
@@ -181,25 +181,17 @@ def test_resume_auto_skips_the_torn_and_the_unfinished_with_one_line_each(dropou
 
 
 @pytest.fixture
-def torn_copy(dropout: Path, tmp_path: Path) -> Callable[[str], Path]:
-    """``torn_copy(name)``: a copy of the whole run's checkpoints, step 3's ``name`` cut short."""
-
-    def tear(name: str) -> Path:
-        out = tmp_path / "torn"
-        shutil.copytree(dropout / "whole" / "checkpoints", out / "checkpoints")
-        path = out / "checkpoints" / "step_000003" / name
-        path.write_bytes(path.read_bytes()[:100])
-        return out
-
-    return tear
+def torn(tmp_path: Path, dropout: Path) -> Callable[[str], Path]:
+    """``torn(name)``: the whole run's checkpoints, step 3's ``name`` cut short."""
+    return lambda name: torn_copy(dropout / "whole" / "checkpoints", tmp_path / "torn", 3, name)
 
 
 @pytest.mark.parametrize("name", [".metadata", "__1_0.distcp", MANIFEST, STATE_FILE])
 def test_a_torn_file_is_skipped_by_auto_and_refused_by_name(
-    name: str, torn_copy: Callable[[str], Path], bad_input: Callable[..., str],
+    name: str, torn: Callable[[str], Path], bad_input: Callable[..., str],
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
-    out = torn_copy(name)
+    out = torn(name)
     step3 = out / "checkpoints" / "step_000003"
     why = "(not the JSON a save writes)" if name == MANIFEST else "(100 bytes, manifest.json"
     error = bad_input("parallel_train", [*DP2, "--resume", str(step3)], WORLD_SIZE="2")

@@ -24,7 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from helpers import TIMEOUTS, load_script, recorded_output
+from helpers import TIMEOUTS, load_script, recorded_output, torn_copy
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.checkpoint import MANIFEST, load_checkpoint
 from tinyscale.core.data import build_datasets, epoch_batches
@@ -110,25 +110,17 @@ def test_pipeline_resume_with_dropout_on_is_bit_for_bit(pipeline: Path) -> None:
 
 
 @pytest.fixture
-def torn_copy(pipeline: Path, tmp_path: Path) -> Callable[[str], Path]:
-    """``torn_copy(name)``: a copy of the whole run's output, step 2's ``name`` cut short."""
-
-    def tear(name: str) -> Path:
-        out = tmp_path / "torn"
-        shutil.copytree(pipeline / "whole" / "checkpoints", out / "checkpoints")
-        path = out / "checkpoints" / "step_000002" / name
-        path.write_bytes(path.read_bytes()[:100])
-        return out
-
-    return tear
+def torn(tmp_path: Path, pipeline: Path) -> Callable[[str], Path]:
+    """``torn(name)``: the whole run's checkpoints, step 2's ``name`` cut short."""
+    return lambda name: torn_copy(pipeline / "whole" / "checkpoints", tmp_path / "torn", 2, name)
 
 
 @pytest.mark.parametrize("name", [MANIFEST, "rank_00001.pt"])
 def test_a_torn_file_is_skipped_by_auto_and_refused_by_name(
-    name: str, torn_copy: Callable[[str], Path], bad_input: Callable[..., str],
+    name: str, torn: Callable[[str], Path], bad_input: Callable[..., str],
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
-    out = torn_copy(name)
+    out = torn(name)
     step2 = out / "checkpoints" / "step_000002"
     why = "(not the JSON a save writes)" if name == MANIFEST else "(100 bytes, manifest.json"
     error = bad_input("pipeline_train", [*PP2, "--resume", str(step2)], WORLD_SIZE="2")
