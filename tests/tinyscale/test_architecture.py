@@ -2,7 +2,8 @@
 
 - Every module sits in a topic folder; nothing but __init__.py at the package's top.
 - Imports flow one way: core <- comm <- data_parallel, pipeline_parallel, tensor_parallel,
-  expert_parallel <- composed <- compat (those four never import each other), and
+  expert_parallel, context_parallel <- composed <- compat (those five never import each
+  other), and
   core <- low_precision <- compat; ops may import any of them and nothing imports ops.
   Read from every module's `import` statements with `ast` (function-level imports count
   too).
@@ -32,7 +33,13 @@ from helpers import ROOT
 PACKAGE = ROOT / "code" / "tinyscale"
 # A folder per parallelism: each imports core and comm only, never another (composed
 # combines them).
-PARALLELISMS = {"data_parallel", "pipeline_parallel", "tensor_parallel", "expert_parallel"}
+PARALLELISMS = {
+    "data_parallel",
+    "pipeline_parallel",
+    "tensor_parallel",
+    "expert_parallel",
+    "context_parallel",
+}
 # folder -> the folders it may import (itself always allowed)
 ALLOWED: dict[str, set[str]] = {
     "core": set(),
