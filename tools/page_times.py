@@ -42,7 +42,8 @@ RECORD = DOCS / "generated" / "pages" / "times.json"
 WORDS_PER_MINUTE = 200
 CODE_WORDS_PER_MINUTE = 100
 # The pages that show their time: the workshop (timed sessions) and the self-paced Weeks.
-TIMED = ("workshop/*.md", "week-1/*.md", "week-2/*.md", "week-3/*.md", "week-4/*.md")
+TIMED = ("workshop/*.md", "week-1/*.md", "week-2/*.md", "week-3/*.md", "week-4/*.md",
+         "week-5/*.md")  # fmt: skip
 # The minutes each workshop page's core path may take: a session's slides and demo, or
 # its lab (Session C's table: 30 + 25 minutes of slides and demos, 35 of lab).
 SLOTS = {

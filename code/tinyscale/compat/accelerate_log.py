@@ -1,3 +1,4 @@
+# --8<-- [start:header]
 """What each Accelerate process logs: its own file, and fingerprints of its data and weights.
 
 Launch:  accelerate launch --multi_gpu --num_processes 2 code/scripts/accelerate_train.py --cpu
@@ -7,6 +8,7 @@ tqdm so that a line never lands inside the progress bar. Two fingerprints make t
 data-parallel contract visible in the log: the blocks each process trained on in a step
 (different per process) and its weights after training (bit-identical on every one).
 """
+# --8<-- [end:header]
 
 import hashlib
 import logging

@@ -6,9 +6,10 @@
 For every layout (data x pipeline x tensor, a ZeRO stage, micro-batches) that the model
 (a core.config preset) and the cluster allow, it adds up what the lessons measured: model
 states per GPU (the ZeRO formulas of Week 2, on the TP shard of Week 4), saved activations
-(the memory calculator, with tensor and sequence parallelism), the pipeline bubble (Week
-3), the FLOPs of a step (core.flops: 6 N + 12 L T d per token, as Profiling and MFU counts
-them), and the bytes each group sends per step (tensor: activations; pipeline: stage
+(the memory calculator, with tensor and sequence parallelism, and with ``--recompute`` the
+recomputation of Week 5), the pipeline bubble (Week 3), the FLOPs of a step (core.flops:
+6 N + 12 L T d per token, as Profiling and MFU counts them, plus what recomputation runs
+again), and the bytes each group sends per step (tensor: activations; pipeline: stage
 boundaries; data: parameters). It keeps the layouts that fit in memory and ranks them by
 a step time made of three assumptions, each stated: compute at the GPU's peak, tensor and
 pipeline messages on the critical path, data-parallel messages hidden behind compute when
@@ -28,9 +29,11 @@ from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.flops import flops_per_token
 from tinyscale.core.memory import human_bytes
 from tinyscale.core.model import count_parameters
+from tinyscale.core.recompute import RECOMPUTE, check_recompute, recompute_flops_per_token
 from tinyscale.data_parallel.memory_calculator import (
     activation_bytes_estimate,
     activation_element_bytes,
+    activation_peak_bytes,
     zero_state_bytes,
     zero_step_bytes,
 )
@@ -68,11 +71,12 @@ class Workload:
     global_batch: int  # sequences per optimizer step
     micro_batch: int = 1  # sequences per forward/backward on one GPU
     precision: str = "bf16"
-    recompute: bool = False  # full activation checkpointing: keep block inputs only
+    recompute: str = "none"  # or "selective" (the attention core) or "full" (every block)
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "global_batch", "micro_batch"):
             at_least_one(name, getattr(self, name))
+        check_recompute(self.recompute)
         if self.seq_len > self.model.max_position_embeddings:
             raise UsageError(f"--seq-len {self.seq_len} is longer than the model's "
                              f"{self.model.max_position_embeddings} positions: lower it")  # fmt: skip
@@ -134,27 +138,22 @@ def evaluate(w: Workload, c: Cluster, layout: ParallelLayout, *, zero: int) -> P
     e = activation_element_bytes(w.precision)  # also per gradient sent: the same dtype
     params = parameters_per_rank(stage, tp)  # the busiest stage: its blocks and embeddings
     states = zero_state_bytes(params, stage=zero, world_size=dp, precision=w.precision).total
-    if w.recompute:  # each block's input, plus one block's activations while it recomputes
-        one = dataclasses.replace(stage, num_hidden_layers=1)
-        acts = stage.num_hidden_layers * w.micro_batch * w.seq_len * cfg.hidden_size * e // tp
-        acts += activation_bytes_estimate(one, micro_batch=w.micro_batch, seq_len=w.seq_len,
-                                          precision=w.precision, tensor_parallel=tp,
-                                          sequence_parallel=tp > 1)  # fmt: skip
-    else:
-        acts = activation_bytes_estimate(stage, micro_batch=w.micro_batch, seq_len=w.seq_len,
-                                         precision=w.precision, tensor_parallel=tp,
-                                         sequence_parallel=tp > 1)  # fmt: skip
-    activations = acts * min(m, pp)  # 1F1B: the first stage holds up to pp micro-batches
+    shape = dict(micro_batch=w.micro_batch, seq_len=w.seq_len, precision=w.precision,
+                 tensor_parallel=tp, sequence_parallel=tp > 1, recompute=w.recompute)  # fmt: skip
+    acts = activation_bytes_estimate(stage, **shape)  # what one micro-batch keeps
+    again = activation_peak_bytes(stage, **shape) - acts  # what recomputation brings back
+    activations = acts * min(m, pp) + again  # 1F1B: the first stage holds up to pp micro-batches
     bubble = float(bubble_fraction(pp, m))  # 1F1B's (p - 1) / (m + p - 1)
     tensor = 0.0 if tp == 1 else m * tensor_step_bytes(
         stage, batch=w.micro_batch, seq_len=w.seq_len, tp=tp, element_size=e)  # fmt: skip
     boundary = w.micro_batch * w.seq_len * cfg.hidden_size * e / tp  # SP: 1/tp of it per GPU
     pipeline = 0.0 if pp == 1 else 2 * m * boundary  # forward activations, backward gradients
     data = zero_step_bytes(stage=zero, numel=params, world=dp, bytes_per_element=e)
-    # the time model: compute at peak (x 4/3 when every forward runs twice), stretched by
-    # the bubble; tensor and pipeline messages wait; data-parallel ones hide behind compute
+    # the time model: compute at peak (plus the forward that recomputation runs again),
+    # stretched by the bubble; tensor and pipeline messages wait; data-parallel ones hide
     tokens = w.global_batch * w.seq_len
-    flops = flops_per_token(cfg, w.seq_len) * tokens * (4 / 3 if w.recompute else 1)
+    again_flops = recompute_flops_per_token(cfg, w.seq_len, w.recompute)
+    flops = (flops_per_token(cfg, w.seq_len) + again_flops) * tokens
     compute = flops / (c.gpus * c.peak_tflops * 1e12) / (1 - bubble)
     spans = dp * tp * pp > c.gpus_per_node  # the data group leaves the node
     exposed = max(0.0, data / ((c.inter_gbs if spans else c.intra_gbs) * 1e9) - compute)
@@ -214,7 +213,7 @@ def plan(w: Workload, c: Cluster) -> list[Plan]:
         least = human_bytes(min(p.memory for p in plans))
         raise UsageError(
             f"no layout fits in {c.memory_gb:g} GB x {c.usable:g}; the smallest needs {least} "
-            "per GPU: raise --gpus or --memory-gb, add --recompute, or lower --seq-len"
+            "per GPU: raise --gpus or --memory-gb, add --recompute full, or lower --seq-len"
         )
     return sorted(fitting, key=lambda p: (round(p.step_s, 3), p.memory))
 
@@ -241,7 +240,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--memory-gb", type=float, default=80.0)
     parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--global-batch", type=int, required=True, help="sequences per step")
-    parser.add_argument("--recompute", action="store_true", help="full activation checkpointing")
+    parser.add_argument("--recompute", choices=RECOMPUTE, default="none",
+                        help="run again in backward: the attention core or every block")  # fmt: skip
     parser.add_argument("--top", type=int, default=3)
     args = parser.parse_args(argv)
     if args.top < 1:

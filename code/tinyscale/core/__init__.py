@@ -22,5 +22,6 @@ else of tinyscale: a core module runs in one process, with no process group.
     precision       workshop/session-b.md
     comparison      week-3/fp8.md
     parity          week-1/ddp-from-scratch.md
+    recompute       week-5/recomputation.md
 """
 # --8<-- [end:map]

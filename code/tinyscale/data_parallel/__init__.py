@@ -19,7 +19,7 @@ tinyscale.core and tinyscale.comm.
     zero_prefetch                 week-2/zero-from-scratch.md
     reduce_order                  week-2/zero-from-scratch.md
     unused_and_frozen             week-2/zero-from-scratch.md, week-4/zero3-any-optimizer.md
-    memory_calculator             week-2/memory-calculator.md, workshop/deepspeed.md, week-2/zero-from-scratch.md
+    memory_calculator             week-2/memory-calculator.md, workshop/deepspeed.md, week-2/zero-from-scratch.md, week-5/recomputation.md
     fsdp                          week-2/fsdp.md
     sharded_optimizer             week-4/parallelism-2d-3d.md
     fully_sharded                 week-4/zero3-any-optimizer.md

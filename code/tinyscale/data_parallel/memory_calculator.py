@@ -18,6 +18,7 @@ from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.memory import RECIPES, StateBytes, human_bytes
 from tinyscale.core.model import count_parameters
 from tinyscale.core.precision import PRECISIONS, check_precision
+from tinyscale.core.recompute import check_recompute
 from tinyscale.data_parallel.zero import check_zero_stage
 
 # --8<-- [end:header]
@@ -102,6 +103,7 @@ def activation_bytes_estimate(
     precision: str = "fp32",
     tensor_parallel: int = 1,
     sequence_parallel: bool = False,
+    recompute: str = "none",
 ) -> int:
     """Bytes TinyTransformer's forward saves for backward (dropout 0), counted tensor by tensor.
 
@@ -117,9 +119,13 @@ def activation_bytes_estimate(
     vocabulary's softmax); the norms' inputs and outputs are not. With sequence
     parallelism the norms' inputs and statistics are divided by t too, while each
     column-parallel layer keeps the all-gathered, whole-sequence input it multiplied.
+
+    Recomputation (``core.recompute``, Week 5) keeps less: "selective" runs the attention
+    core again in the backward pass and drops its log-sum-exp (bas); "full" keeps each
+    block's input (bsh) and runs the whole block again.
     """
     b, s, h, i = micro_batch, seq_len, cfg.hidden_size, cfg.intermediate_size
-    a, vocab, layers = cfg.num_attention_heads, cfg.vocab_size, cfg.num_hidden_layers
+    a, layers = cfg.num_attention_heads, cfg.num_hidden_layers
     t = tensor_parallel
     sp = t if sequence_parallel else 1  # what the tensors between the regions are divided by
     act = activation_element_bytes(precision)  # matmul outputs: 16-bit under autocast
@@ -129,14 +135,60 @@ def activation_bytes_estimate(
     block = act * (norms + 4 * bsh // t + 2 * b * s * i // t) + fp32 * (
         4 * b * s // sp + b * a * s // t
     )
-    head = act * (bsh // sp + bsh) + fp32 * (2 * b * s // sp + b * s * vocab // t)
+    if check_recompute(recompute) == "selective":
+        block -= fp32 * b * a * s // t  # the core's log-sum-exp: it is computed again
+    elif recompute == "full":
+        block = act * bsh // sp  # the block's input, and nothing else
+    head = head_activation_bytes(cfg, micro_batch=b, seq_len=s, precision=precision,
+                                 tensor_parallel=t, sequence_parallel=sequence_parallel)  # fmt: skip
     ids = 8 * (2 * b * s + s)  # input ids, targets, positions (int64)
     if t == 1:
-        return layers * block + head + ids + fp32  # + the scalar loss
+        return layers * block + head + ids  # the head's bytes hold the scalar loss
     return layers * block + head + ids + 2 * b * s  # + which ids and targets are this rank's (bool)
 
 
+def head_activation_bytes(
+    cfg: ModelConfig, *, micro_batch: int, seq_len: int, precision: str = "fp32",
+    tensor_parallel: int = 1, sequence_parallel: bool = False,
+) -> int:  # fmt: skip
+    """The head's part: final LayerNorm in and out, its statistics, the log-softmax (and,
+    on one rank, the scalar loss)."""
+    b, s, h, t = micro_batch, seq_len, cfg.hidden_size, tensor_parallel
+    sp = t if sequence_parallel else 1
+    act, fp32, bsh = activation_element_bytes(precision), 4, b * s * h
+    loss = fp32 if t == 1 else 0
+    return act * (bsh // sp + bsh) + fp32 * (2 * b * s // sp + b * s * cfg.vocab_size // t) + loss
+
+
 # --8<-- [end:activations]
+
+
+# --8<-- [start:peak]
+def activation_peak_bytes(
+    cfg: ModelConfig, *, micro_batch: int, seq_len: int, precision: str = "fp32",
+    tensor_parallel: int = 1, sequence_parallel: bool = False, recompute: str = "none",
+) -> int:  # fmt: skip
+    """The most bytes saved at once in a step, forward and backward.
+
+    Without recomputation, the forward's end. With it, the backward pass brings back,
+    one block at a time, what that block dropped (full: all of it but its input), and
+    the attention core's output saved again when it reruns (selective). The head's saved
+    bytes are freed by then, so the peak grows only by what exceeds them.
+    """
+    shape = dict(micro_batch=micro_batch, seq_len=seq_len, precision=precision,
+                 tensor_parallel=tensor_parallel, sequence_parallel=sequence_parallel)  # fmt: skip
+    stored = activation_bytes_estimate(cfg, recompute=recompute, **shape)
+    one = dataclasses.replace(cfg, num_hidden_layers=1)
+    again = activation_bytes_estimate(one, **shape) - activation_bytes_estimate(
+        one, recompute=recompute, **shape
+    )  # what one block dropped
+    if recompute == "selective":  # + the core's output, a new tensor when it reruns
+        bsh = micro_batch * seq_len * cfg.hidden_size // tensor_parallel
+        again += activation_element_bytes(precision) * bsh
+    return stored + max(0, again - head_activation_bytes(cfg, **shape))
+
+
+# --8<-- [end:peak]
 
 
 # --8<-- [start:report]

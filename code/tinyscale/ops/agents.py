@@ -1,3 +1,4 @@
+# --8<-- [start:header]
 """A launcher's agents: stop one with every process it started; wait for all, at most a
 timeout, the first failure stopping the rest.
 
@@ -8,6 +9,7 @@ one machine, one torchrun agent per simulated node, and uses these to end them. 
 puts its workers in sessions of their own, so stopping an agent means finding its
 descendants first: from /proc on Linux, from ps on macOS.
 """
+# --8<-- [end:header]
 
 import contextlib
 import os

@@ -113,7 +113,7 @@ def test_a_model_that_fits_nowhere_is_one_line() -> None:
     w = Workload(model=preset("70b"), seq_len=8192, global_batch=8)
     message = one_line_error(plan, w, Cluster(gpus=8))
     assert message.startswith("no layout fits in 80 GB x 0.85; the smallest needs")
-    assert message.endswith("raise --gpus or --memory-gb, add --recompute, or lower --seq-len")
+    assert message.endswith("raise --gpus or --memory-gb, add --recompute full, or lower --seq-len")
     batch = Workload(model=preset("7b"), seq_len=8192, global_batch=64)  # 12 GPUs: dp 3, 6, 12
     assert one_line_error(plan, batch, Cluster(gpus=12)).startswith(
         "no layout of 12 GPUs takes --global-batch 64: their data-parallel sizes (3, 6, 12)"
