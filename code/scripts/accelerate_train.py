@@ -37,6 +37,7 @@ from tinyscale.core.data import build_datasets
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.metrics import MetricsLogger
 from tinyscale.core.model import TinyTransformer
+from tinyscale.core.outputs import check_writable
 from tinyscale.core.precision import ACCELERATE_NAMES
 from tinyscale.core.step import train_step
 from tinyscale.core.training import TrainConfig, log_heldout, lr_at, make_optimizer, plan_steps
@@ -117,6 +118,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = from_args(DEFAULTS, args)
     model_cfg = load_model_config(cfg.config)
     check_launch(os.environ)
+    if not 0 <= cfg.seed < 2**32:  # Accelerate's set_seed seeds numpy too: it takes no other
+        raise UsageError(f"--seed must be a whole number from 0 to 2**32 - 1, got {cfg.seed}")
+    for name, file in (("checkpoints", False), ("tensorboard", False), ("metrics.jsonl", True)):
+        check_writable(cfg.output_dir, "--output-dir", name, file=file)  # the main process's
+    rank = os.environ.get("RANK", "0")  # the process index, before Accelerate is made
+    check_writable(cfg.log_dir, "--log-dir", f"rank_{rank}", "train.log", file=True)
     if args.cpu:  # Accelerate imports DeepSpeed, when installed: tell it too, or it warns
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
 

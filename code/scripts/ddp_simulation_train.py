@@ -40,6 +40,7 @@ from tinyscale.core.data import LMData, get_batch
 from tinyscale.core.errors import ArgumentParser, UsageError
 from tinyscale.core.metrics import Mirror
 from tinyscale.core.model import TinyTransformer
+from tinyscale.core.outputs import check_writable
 from tinyscale.core.precision import autocast_context, make_scaler
 from tinyscale.core.step import train_step
 from tinyscale.core.training import TrainConfig, lr_at, make_optimizer, seed_everything
@@ -92,13 +93,11 @@ class Run(Job):
 
 
 def check_inputs(args: argparse.Namespace) -> Run:
-    """Every bad input becomes a one-line UsageError here, before any rank joins or writes.
-
-    Under torchrun every rank runs these checks and fails the same way, so no rank is
-    left waiting for a peer that will never come.
-    """
+    """Every bad input is a one-line UsageError here, the same on every rank, before any
+    rank joins or writes: no rank is left waiting for a peer that will never come."""
     job = check_job(args.cfg)  # the launcher's environment, device, folders, model, --resume
     cfg, env = job.cfg, job.env
+    check_writable(cfg.output_dir, "--output-dir", "summary.json", file=True)  # at the end
     autocast_context(job.device, cfg.precision)  # fp16 on a CPU: a one-line error
     for flag in ("fail", "hang"):
         rank, step = getattr(args, f"{flag}_rank"), getattr(args, f"{flag}_step")
@@ -108,16 +107,17 @@ def check_inputs(args: argparse.Namespace) -> Run:
             raise UsageError(
                 f"--{flag}-rank {rank} is outside the world: ranks are 0..{env.world_size - 1}"
             )
+        if step is not None and step < 1:  # 0 or less would never fire
+            raise UsageError(f"--{flag}-step {step} never comes: steps count from 1, give one >= 1")
     if args.wandb_every_rank and cfg.wandb is None:
         raise UsageError("--wandb-every-rank needs --wandb offline or --wandb online")
     split = BatchSplit(global_batch_size=cfg.global_batch_size,
                        grad_accum_steps=cfg.grad_accum_steps, world_size=env.world_size)  # fmt: skip
-    path = job.checkpoint
-    resume = load_checkpoint(path, expect=job.model_cfg) if path else None
+    resume = load_checkpoint(job.checkpoint, expect=job.model_cfg) if job.checkpoint else None
     if resume is not None and resume["world_size"] != env.world_size:
         raise UsageError(
-            f"checkpoint {path} was written by {resume['world_size']} ranks, this run has "
-            f"{env.world_size}: relaunch with --nproc_per_node={resume['world_size']}"
+            f"checkpoint {job.checkpoint} was written by {resume['world_size']} ranks, this run "
+            f"has {env.world_size}: relaunch with --nproc_per_node={resume['world_size']}"
         )
     return Run(**vars(job), split=split, resume=resume, args=args)
 

@@ -53,6 +53,7 @@ from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.memory import human_bytes
 from tinyscale.core.metrics import MetricsLogger, read_metrics
 from tinyscale.core.model import TinyTransformer
+from tinyscale.core.outputs import check_writable
 from tinyscale.core.training import (
     TrainConfig,
     lr_at,
@@ -111,6 +112,8 @@ def check_inputs(args: argparse.Namespace) -> Run:
     cfg = from_args(DEFAULTS, args)
     cfg = dataclasses.replace(cfg, global_batch_size=global_batch, grad_accum_steps=accum)
     job = check_job(cfg, env=env, dropout=args.dropout, newest=latest_tag)
+    for name, file in (("metrics.jsonl", True), ("tensorboard", False), ("summary.json", True)):
+        check_writable(cfg.output_dir, "--output-dir", name, file=file)  # rank 0 writes them
     if precision_of(ds_config) == "fp16" and job.device.type == "cpu":
         raise UsageError("fp16 training needs a GPU: on a CPU use --precision bf16 or fp32")
     split = BatchSplit(

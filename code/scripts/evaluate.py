@@ -21,12 +21,15 @@ import torch
 from tinyscale.comm.dist import distributed
 from tinyscale.core.cli import add_flags, from_args
 from tinyscale.core.config import load_model_config
-from tinyscale.core.data import build_datasets
+from tinyscale.core.data import LMData, build_datasets
 from tinyscale.core.device import select_device
 from tinyscale.core.errors import ArgumentParser, run_cli
+from tinyscale.core.model import TinyTransformer
+from tinyscale.core.outputs import check_writable
 from tinyscale.core.training import TrainConfig
 from tinyscale.workflows.evaluation import (
     KINDS,
+    Checkpoint,
     SampleConfig,
     generate,
     heldout_scores,
@@ -38,6 +41,7 @@ from tinyscale.workflows.evaluation import (
 DEFAULTS = TrainConfig()  # --global-batch-size: blocks per forward pass, as Lab 1 evaluates
 FLAGS = ("config", "corpus", "global_batch_size", "device", "timeout_s")
 SAMPLE = SampleConfig()
+Inputs = tuple[Checkpoint, TinyTransformer, LMData]  # what every rank reads before it joins
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -55,16 +59,31 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 # --8<-- [start:evaluate]
-def evaluate_checkpoint(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
-    """Every rank: load, rebuild, score its share; the sample is drawn alike on every rank."""
-    checkpoint = read_checkpoint(args.checkpoint, config=load_model_config(args.cfg.config))
-    model = rebuild_model(checkpoint, load_model_config(args.cfg.config)).to(device)
+def check_inputs(args: argparse.Namespace) -> Inputs:
+    """Every rank, before any joins the process group: each bad input is one line here.
+
+    Where the report goes, the checkpoint (found, whole, this model's) and the data: a
+    typo fails every rank alike at once, not after the evaluation or inside the group.
+    """
+    check_writable(args.report, "--report", file=True)
+    config = load_model_config(args.cfg.config)
+    checkpoint = read_checkpoint(args.checkpoint, config=config)
+    model = rebuild_model(checkpoint, config)
     data = build_datasets(corpus=args.cfg.corpus, vocab_size=model.cfg.vocab_size,
                           block_size=model.cfg.max_position_embeddings)  # fmt: skip
+    return checkpoint, model, data
+
+
+def evaluate_checkpoint(
+    args: argparse.Namespace, inputs: Inputs, device: torch.device
+) -> dict[str, Any]:
+    """Every rank: draw the sample (alike on every rank), then score its share."""
+    checkpoint, model, data = inputs
+    model = model.to(device)
+    prompt_ids = data.tokenizer.encode(args.sample.prompt).ids
+    new = generate(model, prompt_ids, args.sample, device=device)  # an empty --prompt: one line
     scores = heldout_scores(model, data.heldout, batch_size=args.cfg.global_batch_size,
                             device=device)  # fmt: skip
-    prompt_ids = data.tokenizer.encode(args.sample.prompt).ids
-    new = generate(model, prompt_ids, args.sample, device=device)
     return {
         "checkpoint": str(checkpoint.path),
         "kind": checkpoint.kind,
@@ -89,11 +108,12 @@ def show(report: dict[str, Any]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    inputs = check_inputs(args)  # on every rank, before any joins: a bad input fails all alike
     if int(os.environ.get("WORLD_SIZE", "1")) == 1:  # one process: no process group
-        report = evaluate_checkpoint(args, select_device(args.cfg.device))
+        report = evaluate_checkpoint(args, inputs, select_device(args.cfg.device))
     else:
         with distributed(args.cfg.device, timeout_s=args.cfg.timeout_s) as (env, device):
-            report = evaluate_checkpoint(args, device)
+            report = evaluate_checkpoint(args, inputs, device)
             if env.rank:
                 return 0  # the sums are rank 0's too: it reports
     show(report)

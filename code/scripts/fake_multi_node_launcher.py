@@ -23,6 +23,7 @@ from pathlib import Path
 
 from tinyscale.comm.launch import free_port
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
+from tinyscale.core.outputs import check_writable
 from tinyscale.ops.agents import stop, wait_all
 from tinyscale.ops.multinode import (
     check_layout,
@@ -81,6 +82,8 @@ def check_inputs(args: argparse.Namespace) -> list[int]:
     for name in ("rdzv_timeout", "timeout"):
         if getattr(args, name) <= 0:
             raise UsageError(f"--{name.replace('_', '-')} must be positive")
+    if Path(args.script).is_dir():
+        raise UsageError(f"--script {args.script} is a folder: pass a Python file, e.g. {SCRIPT}")
     if not Path(args.script).is_file():
         raise UsageError(f"--script {args.script} not found: run from the repository root")
     if args.master_port is None:
@@ -88,6 +91,8 @@ def check_inputs(args: argparse.Namespace) -> list[int]:
             raise UsageError("--node-rank > 0 joins node 0's rendezvous: give its --master-port")
         args.master_port = free_port()
     nodes = list(range(args.nnodes)) if args.node_rank is None else [args.node_rank]
+    for node in nodes:  # each agent's log: a file in the way is one line, not a traceback
+        check_writable(args.log_dir, "--log-dir", f"node_{node}.log", file=True)
     if 0 in nodes:  # we host the rendezvous: the address must be ours and the port free
         check_port_free(args.master_addr, args.master_port)
     else:  # we join one hosted elsewhere: someone must answer there, within the timeout

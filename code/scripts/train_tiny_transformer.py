@@ -17,6 +17,7 @@ from tinyscale.core.config import load_model_config
 from tinyscale.core.device import select_device
 from tinyscale.core.errors import ArgumentParser, run_cli
 from tinyscale.core.model import TinyTransformer
+from tinyscale.core.outputs import check_writable
 from tinyscale.core.training import TrainConfig, seed_everything, train
 from tinyscale.workflows.shard_loader import SHARDS_NOTE, lab_datasets
 from tinyscale.workflows.wandb_log import wandb_run, wandb_setup
@@ -25,6 +26,9 @@ DEFAULTS = TrainConfig()  # Lab 1's defaults are TrainConfig's own
 FLAGS = ("config", "corpus", "epochs", "global_batch_size", "lr", "warmup_steps",
          "min_lr_ratio", "weight_decay", "grad_clip", "seed", "device", "eval_every",
          "checkpoint_every", "max_steps", "resume", "output_dir", "progress", "wandb")  # fmt: skip
+# what train() writes in --output-dir, each checked before any work: (name, a file?)
+OUTPUTS = (("checkpoints", False), ("tensorboard", False), ("metrics.jsonl", True),
+           ("loss_curve.png", True))  # fmt: skip
 
 
 def parse_args(argv: Sequence[str] | None) -> TrainConfig:
@@ -41,6 +45,8 @@ def parse_args(argv: Sequence[str] | None) -> TrainConfig:
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse_args(argv)
     # Check every input before writing anything: a bad flag must not leave a half-made run.
+    for name, file in OUTPUTS:  # a file where a folder goes, or the other way: one line
+        check_writable(cfg.output_dir, "--output-dir", name, file=file)
     model_cfg = load_model_config(cfg.config)
     device = select_device(cfg.device)
     path = (

@@ -11,7 +11,9 @@ One launch (about 15 s on 2 cores) with gradient accumulation 2 and dropout 0, t
 - parity: the 2-process, 2-micro-batch run takes the same steps as Lab 1's single-process loop
   on the whole 16-block batch (losses within 1e-5 nats, weights within 1e-4).
 
-Bad input is refused with one `error:` line and exit code 2, and nothing is written.
+Bad input is refused with one `error:` line and exit code 2, and nothing is written: the
+flags here, each with Accelerate's process-wide state reset; a blocked output and --seed
+are cases of tests/scripts/bad_inputs.py, checked by test_bad_inputs.py.
 """
 
 import functools

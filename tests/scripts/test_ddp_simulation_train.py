@@ -11,7 +11,7 @@ checked for several things:
   consume the global batch.
 - accumulation vs one process, a failing rank, the hang and the elastic restart: Lab 2's
   page runs them with their expected output.
-- bad input: one ``error:`` line, exit code 2, nothing written (in-process, fast).
+- bad input: the cases of tests/scripts/bad_inputs.py, checked by test_bad_inputs.py.
 """
 
 import json
@@ -20,7 +20,6 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -129,48 +128,6 @@ def test_every_rank_consumes_its_share_of_the_global_batch(world2: Path) -> None
 # resumes from step 10 and ends with the same losses and bit-for-bit the same weights as the
 # uninterrupted run) are checked by Lab 2's own code blocks, which `make test` runs with
 # their expected output: docs/workshop/lab-2.md, "A rank hangs" and "Elastic restart".
-
-
-# ---------------------------------------------------------------------------- bad input
-
-
-BAD_INPUTS = [
-    (
-        ["--global-batch-size", "30"],
-        {"WORLD_SIZE": "4"},
-        "error: --global-batch-size 30 is not divisible by world size 4 x --grad-accum-steps 1 "
-        "= 4: use a multiple of 4, e.g. 28 or 32",
-    ),
-    (
-        ["--global-batch-size", "8192"],
-        {"WORLD_SIZE": "4096"},
-        "error: 4096 processes but only 3319 training samples: every rank needs at least one; "
-        "use fewer processes (--nproc_per_node) or more data",
-    ),
-    (
-        ["--fail-rank", "2", "--fail-step", "5"],
-        {"WORLD_SIZE": "2"},
-        "error: --fail-rank 2 is outside the world: ranks are 0..1",
-    ),
-    (
-        [],
-        {"MASTER_ADDR": "", "MASTER_PORT": ""},
-        "error: MASTER_ADDR and MASTER_PORT not set: export MASTER_ADDR=<rank 0's host> "
-        "MASTER_PORT=<free port>, or launch with torchrun, which sets them",
-    ),
-    (
-        ["--precision", "fp16", "--device", "cpu"],
-        {},
-        "error: fp16 needs a CUDA GPU (device is cpu); use bf16 on CPU",
-    ),
-]
-
-
-@pytest.mark.parametrize("argv,env,message", BAD_INPUTS, ids=lambda v: None)
-def test_bad_input_is_one_line_and_exit_code_2(
-    argv: list[str], env: dict[str, str], message: str, bad_input: Callable[..., str]
-) -> None:
-    assert bad_input("ddp_simulation_train", argv, **env) == message
 
 
 def test_help_exits_cleanly() -> None:

@@ -6,7 +6,9 @@ dropout 0, fp32 and the same 32-block batches they take the same two steps, so t
 evaluation must score every checkpoint as Lab 1's own last held-out evaluation did: the
 single file exactly (the same weights, the same function), the others to 1e-6.
 The three distributed runs share one launch of 2 gloo ranks (``run_on_ranks``), which
-also runs the sharded evaluation of the ranked checkpoint: equal to one process.
+also runs the sharded evaluation of the ranked checkpoint: equal to one process. Its bad
+inputs (a path, a blocked --report, a flag; under torchrun too) are cases of
+tests/scripts/bad_inputs.py, checked by test_bad_inputs.py; a damaged checkpoint is here.
 """
 
 import json
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from helpers import TIMEOUTS, load_script, prose, recorded_output, said
 from tinyscale.comm.launch import run_on_ranks
@@ -67,7 +70,7 @@ def distributed_writers(out: str, config: str) -> dict[str, Any]:
     evaluate = load_script("evaluate")
     args = evaluate.parse_args([str(root / "ranked" / "checkpoints"), "--config", config,
                                 "--global-batch-size", BATCH])  # fmt: skip
-    return evaluate.evaluate_checkpoint(args, evaluate.select_device("cpu"))
+    return evaluate.evaluate_checkpoint(args, evaluate.check_inputs(args), torch.device("cpu"))
 
 
 @pytest.fixture(scope="module")
@@ -142,25 +145,6 @@ def test_the_sample_is_reproducible_and_follows_the_seed(runs: Path) -> None:
     greedy = evaluate(runs, "single", "--temperature", "0", "--seed", "1")
     top1 = evaluate(runs, "single", "--top-k", "1")
     assert greedy["sample"]["text"] == top1["sample"]["text"]
-
-
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["nowhere"], "checkpoint nowhere not found: check the path"),
-        (["code/config"], "code/config holds no checkpoint layout the course writes"),
-        (["x", "--temperature", "-1"], "need --max-new-tokens >= 0, --top-k >= 0"),
-        (["x", "--global-batch-size", "0"], "--global-batch-size must be a positive number"),
-    ],
-)
-def test_bad_input_is_one_line_exit_2_no_report(
-    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    report = tmp_path / "report.json"
-    assert run_cli(load_script("evaluate").main, [*argv, "--report", str(report)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
-    assert not report.exists()
 
 
 def test_another_model_shape_is_refused_naming_the_config(

@@ -113,6 +113,7 @@ def test_the_launchers_timeout_stops_every_agent_and_worker(tmp_path: Path) -> N
         (["--nnodes", "2", "--node-rank", "1"], "--node-rank > 0 joins node 0's rendezvous: give its --master-port"),
         (["--timeout", "0"], "--timeout must be positive"),
         (["--script", "nope.py"], "--script nope.py not found: run from the repository root"),
+        (["--script", "code/scripts"], "--script code/scripts is a folder: pass a Python file, e.g. code/scripts/ddp_simulation_train.py"),
         (["--master-addr", "192.0.2.1", "--master-port", "29500"], "cannot listen on MASTER_ADDR:MASTER_PORT 192.0.2.1:29500: not an address of ours; node 0 hosts the rendezvous, so use one of its addresses and a free port"),
     ],
 )  # fmt: skip
@@ -123,6 +124,27 @@ def test_bad_input_is_one_line_and_exit_code_2(
     assert run_cli(launcher.main, [*args, "--log-dir", str(tmp_path / "nodes")]) == 2
     assert capsys.readouterr().err == f"error: {error}\n"
     assert not (tmp_path / "nodes").exists(), "nothing written"
+
+
+@pytest.mark.parametrize(
+    ("log_dir", "error"),
+    [
+        ("a-file", "--log-dir T/a-file cannot be created or written (T/a-file is not a folder this process may write to): pass another --log-dir"),
+        ("a-file/nodes", "--log-dir T/a-file/nodes cannot be created or written (T/a-file is not a folder this process may write to): pass another --log-dir"),
+        ("nodes", "--log-dir T/nodes: T/nodes/node_1.log is a folder, where the run writes a file: remove it or pass another --log-dir"),
+    ],
+)  # fmt: skip
+def test_a_blocked_log_dir_is_one_line_before_any_agent_starts(
+    log_dir: str, error: str, tmp_path: Path, capsys
+) -> None:
+    """A file where --log-dir goes, or above it, or a folder where a node's log goes."""
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "nodes" / "node_1.log").mkdir(parents=True)
+    before = sorted(tmp_path.rglob("*"))
+    launcher = load_script("fake_multi_node_launcher")
+    assert run_cli(launcher.main, ["--log-dir", str(tmp_path / log_dir)]) == 2
+    assert capsys.readouterr().err == f"error: {error.replace('T/', f'{tmp_path}/')}\n"
+    assert sorted(tmp_path.rglob("*")) == before, "nothing written"
 
 
 def test_a_port_in_use_is_refused_before_any_agent_starts(tmp_path: Path, capsys) -> None:

@@ -258,6 +258,35 @@ def test_an_output_dir_that_is_a_file_is_one_line(
     assert out.read_text() == "not a directory"
 
 
+@pytest.mark.parametrize(
+    ("blocker", "output_dir", "message"),
+    [
+        ("run/checkpoints", "run", "run/checkpoints is a file, where the run writes a folder"),
+        ("run/tensorboard", "run", "run/tensorboard is a file, where the run writes a folder"),
+        ("run/metrics.jsonl/", "run", "run/metrics.jsonl is a folder, where the run writes a file"),
+        ("run/loss_curve.png/", "run", "loss_curve.png is a folder, where the run writes a file"),
+        ("a-file", "a-file/run", "a-file/run cannot be created or written (T/a-file is not a"),
+    ],
+)
+def test_a_blocked_output_is_one_line_before_any_work(
+    blocker: str, output_dir: str, message: str, script: ModuleType, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A place the run writes, blocked by a file or a folder (a trailing /): refused before
+    training, not after it, with nothing written."""
+    block = tmp_path / blocker
+    block.parent.mkdir(parents=True, exist_ok=True)
+    block.mkdir() if blocker.endswith("/") else block.write_text("")
+    before = sorted(tmp_path.rglob("*"))
+    argv = ["--config", str(SHIPPED_CONFIG), "--output-dir", str(tmp_path / output_dir)]
+    capsys.readouterr()
+    assert run_cli(script.main, [*argv, "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1, err
+    assert message.replace("T/", f"{tmp_path}/") in err and err.rstrip().endswith("--output-dir")
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 def test_the_default_config_is_found_from_any_folder(
     script: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],

@@ -96,8 +96,9 @@ class ParallelLayout:
         """The degrees must use every rank of the job, each exactly once."""
         if self.world_size != world_size:
             rank_s = "rank" if self.world_size == 1 else "ranks"
+            give = "gives" if sum(n > 1 for n in self.degrees.values()) == 1 else "give"
             raise UsageError(
-                f"{self.flags()} make {self.world_size} {rank_s} but the job has {world_size}: "
+                f"{self.flags()} {give} {self.world_size} {rank_s} but the job has {world_size}: "
                 "make the product of the degrees equal the number of processes "
                 "(--nproc-per-node x --nnodes)"
             )

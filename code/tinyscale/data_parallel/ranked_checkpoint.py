@@ -112,10 +112,15 @@ def save_ranked(state: dict[str, Any], ckpt_dir: str | Path, *, step: int) -> Pa
 def read_manifest(directory: str | Path, *, fix: str = RESUME_FIX) -> dict[str, Any]:
     """The manifest, once it and every file it lists are checked (verify_checkpoint)."""
     directory = Path(directory)
+    if directory.is_file():
+        raise UsageError(
+            f"checkpoint {directory} is a file, not a ranked checkpoint's folder (step_N/ with "
+            f"{MANIFEST}): pass a step's folder, or --resume auto for the newest whole one"
+        )
     if not directory.is_dir():
         raise UsageError(
-            f"checkpoint directory {directory} not found: check the path, or pass "
-            "latest_checkpoint(<ckpt_dir>)"
+            f"checkpoint {directory} not found: check the path, or pass --resume auto (the "
+            "newest whole checkpoint) or an earlier step's folder"
         )
     path = verify_checkpoint(directory, fix=fix) / MANIFEST  # present, parsed, sizes right
     manifest = json.loads(path.read_text())

@@ -97,9 +97,10 @@ def test_table_lists_every_rank_with_its_groups() -> None:
         (lambda: ParallelLayout(dp_shard=1.5), "--fsdp 1.5 is not a number of ranks"),
         (lambda: ParallelLayout(dp_replicate=True), "--dp True is not a number of ranks"),
         (lambda: ParallelLayout(pp=2, dp_replicate=2, tp=2).validate(4),
-         "--pp 2 --dp 2 --tp 2 make 8 ranks but the job has 4: make the product of the "
+         "--pp 2 --dp 2 --tp 2 give 8 ranks but the job has 4: make the product of the "
          "degrees equal the number of processes (--nproc-per-node x --nnodes)"),
-        (lambda: ParallelLayout().validate(2), "degrees of 1 make 1 rank but the job has 2"),
+        (lambda: ParallelLayout(tp=2).validate(4), "--tp 2 gives 2 ranks but the job has 4"),
+        (lambda: ParallelLayout().validate(2), "degrees of 1 give 1 rank but the job has 2"),
         (lambda: ParallelLayout(dp_shard=2, tp=2, ep=3),
          "--ep 3 does not divide --fsdp x --cp x --tp = 4, the ranks the experts are spread"),
         (lambda: ParallelLayout.filling(6, pp=4),

@@ -186,7 +186,7 @@ def test_bad_grids_are_one_line_before_any_process_waits() -> None:
         check_3d(preset("tiny"), layout, world=world, batch=batch, micro_batch=2)
 
     too_many = one_line_error(check, ParallelLayout(pp=2, dp_replicate=2, tp=2))
-    assert too_many.startswith("--pp 2 --dp 2 --tp 2 make 8 ranks but the job has 4")
+    assert too_many.startswith("--pp 2 --dp 2 --tp 2 give 8 ranks but the job has 4")
     assert "use at most 2 stages" in one_line_error(check, ParallelLayout(pp=4))
     assert "use a size that divides it" in one_line_error(check, ParallelLayout(tp=3), world=3)
     message = one_line_error(check, ParallelLayout(pp=2, dp_replicate=2), batch=6)
