@@ -34,11 +34,18 @@ from tinyscale.composed.parallelize import StageStep, parallelize
 from tinyscale.composed.shape_checkpoint import load_any_shape, read_training_state, save_any_shape
 from tinyscale.core.checkpoint import remove_stale_temps
 from tinyscale.core.cli import add_flags, from_args
-from tinyscale.core.data import build_datasets, epoch_batches, get_batch
+from tinyscale.core.data import LMData, epoch_batches, get_batch
 from tinyscale.core.errors import ArgumentParser, UsageError
 from tinyscale.core.model import ModelStage, TinyTransformer
 from tinyscale.core.step import train_step
-from tinyscale.core.training import TrainConfig, lr_at, make_optimizer, plan_steps, seed_everything
+from tinyscale.core.training import (
+    StepPlan,
+    TrainConfig,
+    data_and_plan,
+    lr_at,
+    make_optimizer,
+    seed_everything,
+)
 from tinyscale.pipeline_parallel.pipeline import split_layers
 from tinyscale.tensor_parallel.tp_model import check_tensor_parallel_size
 
@@ -134,7 +141,7 @@ def local_numel(t: torch.Tensor) -> int:
     return t.to_local().numel() if isinstance(t, DTensor) else t.numel()
 
 
-def train(run: Run, data, batches_per_epoch: int) -> None:
+def train(run: Run, data: LMData, plan: StepPlan) -> None:
     env, cfg, layout = run.env, run.cfg, run.layout
     parallel = layout.build(device_type=run.device.type, timeout_s=cfg.timeout_s)  # every group
     log = rank_logger(env, cfg.log_dir)
@@ -142,7 +149,6 @@ def train(run: Run, data, batches_per_epoch: int) -> None:
     copy, copies = layout.data_rank(env.rank), layout.data_parallel
     composed = StageStep.build(stage, parallel, rank=env.rank, microbatches=run.microbatches,
                                device=run.device)  # fmt: skip
-    plan = plan_steps(batches_per_epoch, cfg, samples=len(data.train))
     step, shape = 0, layout.by_flag(COMPOSED)
     if run.checkpoint is not None:  # saved on any shape: DCP hands this rank its pieces
         step = load_any_shape(stage, optimizer, run.checkpoint, state=run.resume, tp=layout.tp,
@@ -195,14 +201,10 @@ def train(run: Run, data, batches_per_epoch: int) -> None:
 # --8<-- [start:main]
 def main(argv: Sequence[str] | None = None) -> int:
     run = check_inputs(parse_args(argv))  # all checks first: a bad flag fails every rank alike
-    data = build_datasets(corpus=run.cfg.corpus, vocab_size=run.model_cfg.vocab_size,
-                          block_size=run.model_cfg.max_position_embeddings)  # fmt: skip
-    batches = len(epoch_batches(len(data.train), run.cfg.global_batch_size, seed=0, epoch=0))
-    plan = plan_steps(batches, run.cfg, samples=len(data.train))
-    if run.resume is not None:  # steps left to train? else one line, before joining
-        plan.check_steps_left(run.resume["step"])
+    step = run.resume["step"] if run.resume is not None else None  # steps left? before joining
+    data, plan = data_and_plan(run.cfg, run.model_cfg, resume_step=step)
     with distributed(run.cfg.device, timeout_s=run.cfg.timeout_s):  # joins, always leaves
-        train(run, data, batches)
+        train(run, data, plan)
     return 0
 
 

@@ -31,11 +31,18 @@ from tinyscale.comm.parallel_layout import ParallelLayout, add_layout_flags
 from tinyscale.core.checkpoint import remove_stale_temps, restore_training_state, training_state
 from tinyscale.core.cli import add_flags, from_args
 from tinyscale.core.config import ModelConfig
-from tinyscale.core.data import build_datasets, epoch_batches, get_batch
+from tinyscale.core.data import LMData, epoch_batches, get_batch
 from tinyscale.core.errors import ArgumentParser, UsageError
 from tinyscale.core.model import ModelStage, TinyTransformer
 from tinyscale.core.step import train_step
-from tinyscale.core.training import TrainConfig, lr_at, make_optimizer, plan_steps, seed_everything
+from tinyscale.core.training import (
+    StepPlan,
+    TrainConfig,
+    data_and_plan,
+    lr_at,
+    make_optimizer,
+    seed_everything,
+)
 from tinyscale.data_parallel.ranked_checkpoint import load_ranked, save_ranked
 from tinyscale.pipeline_parallel.pipeline import split_layers
 from tinyscale.pipeline_parallel.torch_pipeline import (
@@ -134,7 +141,7 @@ class LocalStages(nn.ModuleList):
         self.cfg = cfg  # training_state records the model's shape
 
 
-def train(run: Run, batches_per_epoch: int, data: Any) -> None:
+def train(run: Run, data: LMData, plan: StepPlan) -> None:
     env, cfg, device, layout = run.env, run.cfg, run.device, run.layout
     # rank = stage * dp + replica (the layout's order, pp outermost): a pipeline's ranks
     # are dp apart, the copies of a stage are neighbours. On a cluster, the heavy gradient
@@ -156,7 +163,6 @@ def train(run: Run, batches_per_epoch: int, data: Any) -> None:
     # Each pipeline's first and last stage sum the tied embedding's gradients (a V has
     # both on rank 0: no group). Every rank creates every pair's group, with the timeout.
     tied = None if last == 0 else parallel.subgroup([[p[0], p[last]] for p in pipelines])
-    plan = plan_steps(batches_per_epoch, cfg, samples=len(data.train))
     step = 0
     if run.resume is not None:  # this rank's own file: its stages, optimizer and RNG
         step = restore_training_state(run.resume, local, optimizer, device=device)
@@ -235,14 +241,10 @@ def train(run: Run, batches_per_epoch: int, data: Any) -> None:
 # --8<-- [start:main]
 def main(argv: Sequence[str] | None = None) -> int:
     run = check_inputs(parse_args(argv))  # all checks first: a bad flag fails every rank alike
-    data = build_datasets(corpus=run.cfg.corpus, vocab_size=run.model_cfg.vocab_size,
-                          block_size=run.model_cfg.max_position_embeddings)  # fmt: skip
-    batches = len(epoch_batches(len(data.train), run.cfg.global_batch_size, seed=0, epoch=0))
-    plan = plan_steps(batches, run.cfg, samples=len(data.train))
-    if run.resume is not None:  # steps left to train?
-        plan.check_steps_left(run.resume["step"])
+    step = run.resume["step"] if run.resume is not None else None  # steps left? before joining
+    data, plan = data_and_plan(run.cfg, run.model_cfg, resume_step=step)
     with distributed(run.cfg.device, timeout_s=run.cfg.timeout_s):  # joins, always leaves
-        train(run, batches, data)
+        train(run, data, plan)
     return 0
 
 

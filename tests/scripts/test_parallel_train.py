@@ -33,7 +33,7 @@ from tinyscale.comm.launch import run_on_ranks
 from tinyscale.composed.shape_checkpoint import STATE_FILE
 from tinyscale.core.checkpoint import MANIFEST, checkpoint_problem, load_checkpoint
 from tinyscale.core.config import load_model_config
-from tinyscale.core.data import build_datasets, epoch_batches
+from tinyscale.core.training import data_and_plan
 
 PAGE = "week-4/train-any-shape.md"
 
@@ -104,9 +104,7 @@ def dropout_runs(root: str) -> str:
     def train(name: str, *argv: str) -> None:
         folders = ["--output-dir", str(out / name), "--log-dir", str(out / name / "logs")]
         run = script.check_inputs(script.parse_args([*DP2, *folders, *argv]))
-        data = build_datasets(vocab_size=run.model_cfg.vocab_size,
-                              block_size=run.model_cfg.max_position_embeddings)  # fmt: skip
-        script.train(run, data, len(epoch_batches(len(data.train), 16, seed=0, epoch=0)))
+        script.train(run, *data_and_plan(run.cfg, run.model_cfg))
 
     train("whole", "--checkpoint-every", "1")
     if dist.get_rank() == 0:

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from helpers import TIMEOUTS, load_script, recorded_output, torn_copy
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.checkpoint import MANIFEST, load_checkpoint
-from tinyscale.core.data import build_datasets, epoch_batches
+from tinyscale.core.training import data_and_plan
 
 PAGE = "week-3/pipeline-torchtitan.md"
 
@@ -70,9 +70,7 @@ def pipeline_runs(root: str) -> None:
     def train(name: str, *argv: str) -> None:
         folders = ["--output-dir", str(out / name), "--log-dir", str(out / name / "logs")]
         run = script.check_inputs(script.parse_args([*PP2, *folders, *argv]))
-        data = build_datasets(vocab_size=run.model_cfg.vocab_size,
-                              block_size=run.model_cfg.max_position_embeddings)  # fmt: skip
-        script.train(run, len(epoch_batches(len(data.train), 16, seed=0, epoch=0)), data)
+        script.train(run, *data_and_plan(run.cfg, run.model_cfg))
 
     train("whole", "--checkpoint-every", "1")
     if dist.get_rank() == 0:

@@ -23,8 +23,8 @@ from tinyscale.core.checkpoint import (
     training_state,
 )
 from tinyscale.core.cli import flag, option
-from tinyscale.core.config import DEFAULT_CONFIG_PATH
-from tinyscale.core.data import LMData, TokenBlocks, epoch_batches, get_batch
+from tinyscale.core.config import DEFAULT_CONFIG_PATH, ModelConfig
+from tinyscale.core.data import LMData, TokenBlocks, build_datasets, epoch_batches, get_batch
 from tinyscale.core.device import DEVICES
 from tinyscale.core.errors import UsageError
 from tinyscale.core.metrics import WANDB_MODES, MetricsLogger, Mirror, plot_loss_curves
@@ -178,6 +178,19 @@ def plan_steps(steps_per_epoch: int, cfg: TrainConfig, *, samples: int) -> StepP
         )
     total = cfg.epochs * steps_per_epoch
     return StepPlan(steps_per_epoch, total, min(total, cfg.max_steps or total))
+
+
+def data_and_plan(
+    cfg: TrainConfig, model_cfg: ModelConfig, *, resume_step: int | None = None
+) -> tuple[LMData, StepPlan]:
+    """A script's data and plan of steps, before any process group exists: the corpus's
+    blocks, E epochs of its whole global batches, and (resuming) the steps left checked."""
+    data = build_datasets(corpus=cfg.corpus, vocab_size=model_cfg.vocab_size,
+                          block_size=model_cfg.max_position_embeddings)  # fmt: skip
+    plan = plan_steps(len(data.train) // cfg.global_batch_size, cfg, samples=len(data.train))
+    if resume_step is not None:
+        plan.check_steps_left(resume_step)
+    return data, plan
 
 
 # --8<-- [end:plan]
