@@ -25,8 +25,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tinyscale.comm.dist import distributed, rank_logger
-from tinyscale.comm.job import Job, check_job, run_job
+from tinyscale.comm.dist import rank_logger
+from tinyscale.comm.job import Job, check_job, run_job, training_main
 from tinyscale.comm.parallel_layout import ParallelLayout, add_layout_flags
 from tinyscale.core.checkpoint import remove_stale_temps, restore_training_state, training_state
 from tinyscale.core.cli import add_flags, from_args
@@ -38,7 +38,6 @@ from tinyscale.core.step import train_step
 from tinyscale.core.training import (
     StepPlan,
     TrainConfig,
-    data_and_plan,
     lr_at,
     make_optimizer,
     seed_everything,
@@ -239,13 +238,7 @@ def train(run: Run, data: LMData, plan: StepPlan) -> None:
 
 
 # --8<-- [start:main]
-def main(argv: Sequence[str] | None = None) -> int:
-    run = check_inputs(parse_args(argv))  # all checks first: a bad flag fails every rank alike
-    step = run.resume["step"] if run.resume is not None else None  # steps left? before joining
-    data, plan = data_and_plan(run.cfg, run.model_cfg, resume_step=step)
-    with distributed(run.cfg.device, timeout_s=run.cfg.timeout_s):  # joins, always leaves
-        train(run, data, plan)
-    return 0
+main = training_main(parse_args, check_inputs, train)  # check, plan, join, train, leave
 
 
 if __name__ == "__main__":

@@ -15,17 +15,19 @@ is a ``Job`` with the script's own checked fields added.
 import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from tinyscale.comm.dist import DistEnv, device_for, dist_env
+from tinyscale.comm.dist import DistEnv, device_for, dist_env, distributed
 from tinyscale.core.checkpoint import latest_checkpoint
 from tinyscale.core.cli import flag
 from tinyscale.core.config import ModelConfig, load_model_config
+from tinyscale.core.data import LMData
 from tinyscale.core.errors import UsageError, run_cli
 from tinyscale.core.outputs import check_writable
-from tinyscale.core.training import TrainConfig
+from tinyscale.core.training import StepPlan, TrainConfig, data_and_plan
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -37,6 +39,9 @@ class Job:
     model_cfg: ModelConfig
     cfg: TrainConfig  # every flag checked; cfg.timeout_s bounds every collective
     checkpoint: Path | None  # what --resume picked: a path, the newest complete one, or None
+
+
+J = TypeVar("J", bound=Job)  # a script's Run: a Job with its own fields
 
 
 def check_job(
@@ -81,3 +86,27 @@ def run_job(main: Callable[[Sequence[str] | None], int]) -> int | None:
 
 
 # --8<-- [end:start]
+
+
+# --8<-- [start:train_job]
+def training_main(
+    parse: Callable[[Sequence[str] | None], Any], check: Callable[[Any], J],
+    train: Callable[[J, LMData, StepPlan], None],
+) -> Callable[[Sequence[str] | None], int]:  # fmt: skip
+    """A torchrun training script's ``main``: every flag checked (``check(parse(argv))``),
+    its data and plan of steps (resuming: the steps left, from ``run.resume["step"]``)
+    before any rank joins; then join, train, and always leave the process group."""
+
+    def main(argv: Sequence[str] | None = None) -> int:
+        run = check(parse(argv))  # all checks first: a bad flag fails every rank alike
+        resume = getattr(run, "resume", None)
+        step = None if resume is None else resume["step"]
+        data, plan = data_and_plan(run.cfg, run.model_cfg, resume_step=step)
+        with distributed(run.cfg.device, timeout_s=run.cfg.timeout_s):  # joins, always leaves
+            train(run, data, plan)
+        return 0
+
+    return main
+
+
+# --8<-- [end:train_job]

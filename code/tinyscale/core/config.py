@@ -80,47 +80,23 @@ PRESETS: dict[str, ModelConfig] = {
     # 170 k parameters: Lab 1 trains it for two epochs in under a minute on a laptop
     "lab": ModelConfig(),
     # 26 k parameters, no dropout: parity tests of N ranks against one, seconds each
-    "tiny": ModelConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        vocab_size=260,
-        max_position_embeddings=16,
-        dropout=0.0,
-    ),
+    "tiny": ModelConfig(hidden_size=32, intermediate_size=64, vocab_size=260,
+                        max_position_embeddings=16, dropout=0.0),
     # 6.5 k parameters: checkpoint demos, whose files are small enough to read byte by byte
-    "micro": ModelConfig(
-        hidden_size=16,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=32,
-        vocab_size=260,
-        max_position_embeddings=8,
-    ),
+    "micro": ModelConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=32, vocab_size=260, max_position_embeddings=8),
     # 4.2 M parameters: benchmarks, where the matmuls, not Python, should take the time
-    "bench": ModelConfig(
-        hidden_size=256, num_hidden_layers=4, intermediate_size=1024, vocab_size=4096, dropout=0.0
-    ),
-    # 6.6 B and 64.8 B parameters, the same family at scale: the Week 4 planner's worked
-    # examples, counted on paper (build one on the "meta" device to inspect it)
-    "7b": ModelConfig(
-        hidden_size=4096,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        intermediate_size=16384,
-        vocab_size=32000,
-        max_position_embeddings=8192,
-        dropout=0.0,
-    ),
-    "70b": ModelConfig(
-        hidden_size=8192,
-        num_hidden_layers=80,
-        num_attention_heads=64,
-        intermediate_size=32768,
-        vocab_size=32000,
-        max_position_embeddings=8192,
-        dropout=0.0,
-    ),
-}
+    "bench": ModelConfig(hidden_size=256, num_hidden_layers=4, intermediate_size=1024,
+                         vocab_size=4096, dropout=0.0),
+    # 6.6 B parameters: the Week 4 planner's worked example, counted on paper (build one on
+    # the "meta" device to inspect it)
+    "7b": ModelConfig(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                      intermediate_size=16384, vocab_size=32000, max_position_embeddings=8192,
+                      dropout=0.0),
+}  # fmt: skip
+# 64.8 B parameters: the same family at scale, twice as wide and 2.5 times as deep
+PRESETS["70b"] = dataclasses.replace(PRESETS["7b"], hidden_size=8192, num_hidden_layers=80,
+                                     num_attention_heads=64, intermediate_size=32768)  # fmt: skip
 
 
 def preset(name: str, **changes: object) -> ModelConfig:
