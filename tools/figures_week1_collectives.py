@@ -40,8 +40,11 @@ def load_bench():
 
 def main() -> int:
     bench = load_bench()
-    rows = bench.measure(world_size=WORLD_SIZE)
     OUT.mkdir(parents=True, exist_ok=True)
+    link = bench.measure_link()
+    (OUT / "allreduce_link.json").write_text(json.dumps(link, indent=1) + "\n")
+    (OUT / "allreduce_link.md").write_text(bench.format_link(link) + "\n")
+    rows = bench.measure(world_size=WORLD_SIZE)
     (OUT / "collectives_busbw.json").write_text(json.dumps(rows, indent=1) + "\n")
     (OUT / "collectives_busbw.md").write_text(
         bench.format_table(rows, world_size=WORLD_SIZE) + "\n"
@@ -54,8 +57,10 @@ def main() -> int:
     sizes = [row["bytes"] for row in rows]
     fig, ax = plt.subplots(figsize=(7, 4))
     for impl, label, marker in (
-        ("ours", "ring_all_reduce (ours: isend/irecv, Python)", "o"),
+        ("ring", "ring_all_reduce (ours: isend/irecv, Python)", "o"),
         ("pipelined", "pipelined_ring_all_reduce (ours, segmented)", "^"),
+        ("doubling", "recursive_doubling_all_reduce (ours)", "v"),
+        ("all_reduce", "all_reduce (ours, picks by size)", "x"),
         ("gloo", "dist.all_reduce (gloo, C++)", "s"),
     ):
         ax.plot(sizes, [row[f"{impl}_busbw"] / 1e9 for row in rows], marker=marker, label=label)
@@ -70,7 +75,8 @@ def main() -> int:
     fig.tight_layout()
     fig.savefig(OUT / "collectives_busbw.png", dpi=120)
     plt.close(fig)
-    names = ("collectives_busbw.png", "collectives_busbw.md", "collectives_busbw.json")
+    names = ("allreduce_link.md", "allreduce_link.json", "collectives_busbw.png")
+    names += ("collectives_busbw.md", "collectives_busbw.json")
     for name in (*names, "collectives_sweep.md", "collectives_sweep.json"):
         print(f"wrote {(OUT / name).relative_to(ROOT)}")
     return 0

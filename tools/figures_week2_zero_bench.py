@@ -3,9 +3,12 @@
 Run:  python tools/figures_week2_zero_bench.py   (about a minute on 2 CPU cores)
 
 Runs benchmarks/bench_zero.py (the rows `make bench` prints, median of 15 interleaved
-rounds) and writes, under docs/generated/week2/: zero_bench.json (the rows) and
-zero_bench.txt (the table, as the benchmark prints it). tests/docs/test_generated_week2.py
-rebuilds the table from the rows.
+rounds, with each step's CPU time and the collectives' per-call times and CPU) and writes,
+under docs/generated/week2/: zero_bench.json (the rows) and zero_bench.txt (the table, as
+the benchmark prints it, ending with stage 3 + prefetch against stage 0 and its bounds).
+tests/docs/test_generated_week2.py rebuilds the table from the rows;
+tests/docs/test_prose_zero_speed.py checks the page's speed section against them.
+Timings: regenerate on a quiet machine, not in a test.
 """
 
 from __future__ import annotations

@@ -38,6 +38,7 @@ def _ring_step(send: torch.Tensor, recv: torch.Tensor) -> None:
     rank's right neighbour is busy sending too (see ``naive_ring_step``). Odd ranks post
     the receive first, so a backend that runs the two in order (NCCL may) cannot close a
     cycle either. Each ``wait`` raises after the process group's timeout, never hangs.
+    The receive is waited for first: it usually finishes last, so the thread sleeps once.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     posts = [(dist.isend, send, (rank + 1) % world), (dist.irecv, recv, (rank - 1) % world)]
@@ -45,13 +46,28 @@ def _ring_step(send: torch.Tensor, recv: torch.Tensor) -> None:
         posts.reverse()
     # An empty chunk (fewer elements than ranks) is skipped by both ends alike.
     works = [post(tensor, peer) for post, tensor, peer in posts if tensor.numel()]
-    for work in works:
+    for work in works if rank % 2 else works[::-1]:
         work.wait()
 
 
 def _chunks(flat: torch.Tensor) -> list[torch.Tensor]:
     """N views of a 1-D tensor, sizes differing by at most one: chunk r belongs to rank r."""
     return list(torch.tensor_split(flat, dist.get_world_size()))
+
+
+# Receive buffers, one per (dtype, device), kept between calls: a fresh buffer costs an
+# allocation and a page fault per 4 KiB page on first use, on every call.
+_SCRATCH: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def scratch(like: torch.Tensor, numel: int) -> torch.Tensor:
+    """A receive buffer of ``numel`` elements of ``like``'s dtype and device, kept between
+    calls and shared by every algorithm here: valid until the next call that asks for one."""
+    key = (like.dtype, like.device)
+    buffer = _SCRATCH.get(key)
+    if buffer is None or buffer.numel() < numel:
+        buffer = _SCRATCH[key] = torch.empty(numel, dtype=like.dtype, device=like.device)
+    return buffer[:numel]
 
 
 # --8<-- [end:header]
@@ -114,15 +130,15 @@ def _describe(row: list[int]) -> str:
 
 
 # --8<-- [start:reduce_scatter]
-def _ring_reduce_scatter(chunks: list[torch.Tensor]) -> None:
+def _ring_reduce_scatter(chunks: list[torch.Tensor], buffer: torch.Tensor) -> None:
     """N − 1 steps: pass a partial sum to the right, add the one arriving from the left.
 
     At step s rank r sends chunk r − s − 1 and receives chunk r − s − 2 (mod N): chunk c
     starts on rank c + 1, collects one more rank's share per step, and arrives complete at
     rank c after N − 1 steps. Rank r sends every chunk but its own: S − |chunk r| bytes.
+    ``buffer`` receives: at least as long as the largest chunk, ``chunks[0]``.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
-    buffer = torch.empty_like(chunks[0])  # tensor_split puts the largest chunk first
     for step in range(world - 1):
         send = chunks[(rank - step - 1) % world]
         recv = chunks[(rank - step - 2) % world]
@@ -135,11 +151,12 @@ def ring_reduce_scatter(tensor: torch.Tensor, *, check: bool = True) -> torch.Te
     """In place: rank r's chunk r of ``tensor`` becomes the sum over ranks; return it (a view).
 
     The other chunks are left holding partial sums, which the all-gather overwrites.
+    ZeRO-3 calls it on every unit in every backward, so it receives into ``scratch``.
     """
     if check:
         check_same("ring_reduce_scatter", tensor)
     chunks = _chunks(tensor.view(-1))
-    _ring_reduce_scatter(chunks)
+    _ring_reduce_scatter(chunks, scratch(tensor, chunks[0].numel()))
     return chunks[dist.get_rank()]
 
 
@@ -187,7 +204,7 @@ def ring_all_reduce(
         )
         check_same("ring_all_reduce", tensor, problem=problem)
     chunks = _chunks(tensor.view(-1))
-    _ring_reduce_scatter(chunks)
+    _ring_reduce_scatter(chunks, torch.empty_like(chunks[0]))  # fresh: see the benchmark
     if average:
         chunks[rank].div_(world)  # only my finished chunk: S / N divisions, not S
     _ring_all_gather(chunks)  # copies, not sums: every rank ends bit-for-bit identical
@@ -277,7 +294,7 @@ def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, *, check: b
             problem = f"output must be a {input.dtype} tensor of {size} elements on rank {rank}"
         check_same("reduce_scatter_single", input, problem=problem)
     chunks = _chunks(input.flatten().clone())  # a copy: the input stays untouched, as in torch
-    _ring_reduce_scatter(chunks)
+    _ring_reduce_scatter(chunks, scratch(input, chunks[0].numel()))
     output.copy_(chunks[rank].view_as(output))
 
 

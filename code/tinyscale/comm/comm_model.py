@@ -14,6 +14,7 @@ Try it:  python -c "from tinyscale.comm.comm_model import simulate_ring_allreduc
 
 import dataclasses
 import itertools
+import math
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
@@ -175,6 +176,36 @@ def allreduce_time(
 
 
 # --8<-- [end:cost]
+
+
+# --8<-- [start:doubling]
+def recursive_doubling_steps(world_size: int) -> int:
+    """Steps of recursive doubling: log2 P swaps among the largest power of two P <= N, and
+    for any other N one step to fold the N - P extra ranks in and one to hand them the sum."""
+    power = 1 << (world_size.bit_length() - 1)
+    return power.bit_length() - 1 + (2 if world_size > power else 0)
+
+
+def recursive_doubling_bytes(*, size_bytes: float, world_size: int) -> float:
+    """Bytes the busiest rank sends: the whole tensor at every swap, and once more to hand
+    a folded rank the sum (N not a power of two)."""
+    power = 1 << (world_size.bit_length() - 1)
+    return (power.bit_length() - 1 + (world_size > power)) * size_bytes
+
+
+def doubling_crossover_bytes(*, world_size: int, alpha_s: float, bandwidth_bps: float) -> float:
+    """S*: below it recursive doubling beats the ring in the alpha-beta model; inf: always.
+
+    Equal times, steps x alpha + bytes / B, for S = (saved steps) alpha B / (extra bytes
+    per byte of tensor). At N = 2 doubling sends what the ring sends, in one step not two.
+    """
+    saved_steps = ring_allreduce_steps(world_size) - recursive_doubling_steps(world_size)
+    extra = recursive_doubling_bytes(size_bytes=1, world_size=world_size)
+    extra -= ring_allreduce_bytes(size_bytes=1, world_size=world_size)
+    return math.inf if extra <= 0 else saved_steps * alpha_s * bandwidth_bps / extra
+
+
+# --8<-- [end:doubling]
 
 
 # --8<-- [start:buckets]

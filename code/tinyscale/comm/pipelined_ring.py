@@ -24,16 +24,19 @@ from math import ceil
 import torch
 import torch.distributed as dist
 
-from tinyscale.comm.collectives import _chunks, _ring_all_gather, check_same, ring_all_reduce
+from tinyscale.comm.collectives import (
+    _chunks,
+    _ring_all_gather,
+    check_same,
+    ring_all_reduce,
+    scratch,
+)
 from tinyscale.comm.comm_model import ring_allreduce_steps
 from tinyscale.comm.counter import CollectiveCounter
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.core.errors import UsageError
 
 SEGMENT_BYTES = 4 * 2**20  # the default, picked by benchmarks/bench_collectives.py's sweep
-# Two receive buffers per (dtype, device), kept between calls: a fresh buffer costs an
-# allocation and a page fault per 4 KiB page on first use, on every call.
-_SCRATCH: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
 
 def segments_per_chunk(numel: int, world: int, itemsize: int, segment_bytes: int) -> int:
@@ -47,12 +50,9 @@ def segments_per_chunk(numel: int, world: int, itemsize: int, segment_bytes: int
 
 
 def _scratch(like: torch.Tensor, numel: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two receive buffers of ``numel`` elements each, reused across calls."""
-    key = (like.dtype, like.device)
-    buffer = _SCRATCH.get(key)
-    if buffer is None or buffer.numel() < 2 * numel:
-        buffer = _SCRATCH[key] = torch.empty(2 * numel, dtype=like.dtype, device=like.device)
-    return buffer[:numel], buffer[numel : 2 * numel]
+    """Two receive buffers of ``numel`` elements each, halves of ``collectives.scratch``."""
+    buffer = scratch(like, 2 * numel)
+    return buffer[:numel], buffer[numel:]
 
 
 # --8<-- [end:header]

@@ -36,6 +36,15 @@ PROSE_RULES: dict[str, list[tuple[str, str]]] = {
         ),
         ("Python's cost per message α halves", "example"),
         ("each extra segment now costs half as much", "example"),
+        ("recursive doubling", "not a number"),  # the algorithm's name, as MPICH's papers say
+        ("Recursive doubling", "not a number"),
+        ("recursive halving", "not a number"),
+        ("a 4 KiB all-reduce moves almost nothing", "example"),
+        ("What `all_reduce` picks on two and on four ranks, for 4 KiB and 16 MiB", "example"),
+        ("log₂ P + 2 steps, (log₂ P + 1) · S bytes", "definition"),  # the fold's formula
+        ("it pays the ring's steps even for 4 KiB", "example"),
+        ("from 4 KiB to 16 MiB, and fits t = α + S / B", "definition"),
+        ("reached 0.9 × gloo's bus bandwidth at every size from 4 KiB to 64 MiB", "definition"),
     ],
     "week-1/ddp-from-scratch.md": [
         (

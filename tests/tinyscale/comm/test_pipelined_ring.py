@@ -244,14 +244,11 @@ def test_the_segment_sweep_reruns_a_cheap_point_of_its_recorded_table() -> None:
     assert [row["segment_bytes"] for row in rows] == segments
     for row in rows + recorded_rows:
         assert row["pipelined_busbw"] == pytest.approx(row["bytes"] / row["pipelined_s"])
-        assert row["pipelined_ratio"] == pytest.approx(row["pipelined_busbw"] / row["gloo_busbw"])
+        low, high = row["pipelined_ratio_iqr"]  # the median of the rounds' ratios, within
+        assert low <= row["pipelined_ratio"] <= high  # their quartiles
     for row in rows:
         was = recorded[size, row["segment_bytes"]]["pipelined_s"]
         what = f"pipelined ring {row['bytes']} B"
         assert_timing(row["pipelined_s"], was, "microseconds", what)
     table = bench.format_sweep(recorded_rows, world_size=2) + "\n"
     assert (RECORDED / "collectives_sweep.md").read_text() == table
-    busbw = json.loads((RECORDED / "collectives_busbw.json").read_text())  # the third column
-    for row in busbw:
-        assert row["pipelined_ratio"] == pytest.approx(row["pipelined_busbw"] / row["gloo_busbw"])
-        assert row["pipelined_ratio_iqr"][0] <= row["pipelined_ratio_iqr"][1]

@@ -226,9 +226,11 @@ def test_benchmark_measures_every_stage_side_by_side() -> None:
     assert costs["block_bytes"] == block
     assert list(costs["collective_ms"]) == list(bench.COLLECTIVES)
     assert all(ms > 0 for ms in costs["collective_ms"].values())
+    # a header per table, two blank lines, the bound's 5 rows and 2 lines of ratios, the setup
+    bound_rows = ["step", "collectives alone", "CPU", "of it collectives", "cores busy"]
     assert (
         bench.report([*table, costs], rounds=1).count("\n")
-        == len(table) + len(costs["collective_ms"]) + 3
+        == len(table) + len(costs["collective_ms"]) + 3 + 1 + len(bound_rows) + 2 + 1
     )
 
 
