@@ -37,11 +37,12 @@ export MKL_CBWR ?= AVX2
 export ONEDNN_MAX_CPU_ISA ?= AVX2
 endif
 
-.PHONY: help setup system-deps serve build test lint format bench gpu-check figures clean cluster-up cluster-down
+.PHONY: help setup system-deps serve build test rerun lint format bench gpu-check figures clean cluster-up cluster-down
 
 help:
 	@echo "make serve    set up, build and serve the course at http://127.0.0.1:8000"
 	@echo "make test     set up and run every check (lint, strict build, tests, page code blocks, browser)"
+	@echo "make rerun    after make test: the pages that write, run again in place (CI does)"
 	@echo "make setup    create $(VENV) and install everything (idempotent)"
 	@echo "make lint     ruff check + ruff format --check"
 	@echo "make bench    run the benchmarks (ratios measured side by side)"
@@ -92,22 +93,29 @@ TEST_WORKERS ?= 3
 # 2-thread trainings side by side took 84 s each instead of 4 s. Passive waiting costs a
 # run alone a little and saves the suite most of its time (OMP_WAIT_POLICY only changes
 # how threads wait, not how work is split, so every number stays the same).
-test: export OMP_WAIT_POLICY := PASSIVE
+test rerun: export OMP_WAIT_POLICY := PASSIVE
 # One OpenMP thread per process, as torchrun gives each of several ranks. A reduction
 # split over T threads sums in an order that depends on T, so a run's last digits depend
 # on the core count; with one thread they are the same on every machine, and the recorded
 # outputs (`make figures`) match a test's fresh run. It also spends less CPU on tiny
 # tensors: the Lab 1, large-batch and Session A pages with their tests took 287 s of CPU
 # instead of 324 s.
-test figures: export OMP_NUM_THREADS := 1
+test rerun figures: export OMP_NUM_THREADS := 1
 # Every Python process of the run starts faster: it collects cyclic garbage less often,
 # and imports torch._dynamo only once something compiles (tests/startup/sitecustomize.py
 # says why, and what each saves; no result changes).
-test: export PYTHONPATH := $(CURDIR)/tests/startup$(if $(PYTHONPATH),:$(PYTHONPATH))
+test rerun: export PYTHONPATH := $(CURDIR)/tests/startup$(if $(PYTHONPATH),:$(PYTHONPATH))
 # The browser test opens the site `build` has just made instead of building it again.
 test: export TINYSCALE_SITE := $(CURDIR)/site
 test: setup lint build
 	$(BIN)/pytest --codeblocks -n $(TEST_WORKERS) --dist loadgroup --durations=15 tests docs
+
+# A second run of the pages whose blocks write under runs/, in the checkout the first run
+# left (CI runs it after `make test`): conftest.py removes each page's folders before its
+# first block, so the second run prints what the first did.
+RERUN_PAGES ?= docs/workflows/data-at-scale.md docs/workshop/checkpoints.md docs/week-4/train-any-shape.md
+rerun: setup
+	$(BIN)/pytest --codeblocks -n $(TEST_WORKERS) --dist loadgroup $(RERUN_PAGES)
 
 bench: setup
 	$(PY) benchmarks/run_all.py

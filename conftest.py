@@ -5,9 +5,11 @@ decides which tests must share a worker, reports a failed page block readably, a
 the SLURM cluster a failed page left running. Fixtures are in tests/conftest.py.
 """
 
+import json
 import os
 import platform
 import runpy
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -39,7 +41,8 @@ if str(STARTUP) not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
         filter(None, [str(STARTUP), os.environ.get("PYTHONPATH")])
     )
     runpy.run_path(str(STARTUP / "sitecustomize.py"))
-from helpers import SLURM_COMMANDS, masked  # noqa: E402
+from helpers import SHARED_ON_PURPOSE, SLURM_COMMANDS, masked, places  # noqa: E402
+from suite_budget import over_budget, slowest, unit_of  # noqa: E402
 
 # Session C's page starts the course's SLURM cluster (make cluster-up, state in build/slurm)
 # and stops it in its last code block. If a block in between fails, stop it at the end of
@@ -84,6 +87,48 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         item.add_marker(pytest.mark.xdist_group(group))
 
 
+def page_outputs(page: Path, code: str) -> list[Path]:
+    """The folders and files under runs/ and logs/ that a page's blocks write: its own
+    (tests/docs/test_pages_share_nothing.py checks no other page uses them)."""
+    found: set[str] = set()
+    for line in code.replace("\\\n", " ").splitlines():
+        found |= places(line)
+    paths = []
+    for place in sorted(found - SHARED_ON_PURPOSE):
+        if place.endswith("/rank_N"):  # a script's default log folder: logs/rank_0, ...
+            paths += sorted((ROOT / place.removesuffix("/rank_N")).glob("rank_*"))
+        elif place.endswith("-"):  # a name completed in the shell: runs/seed-$seed
+            paths += sorted((ROOT / place).parent.glob(Path(place).name + "*"))
+        else:
+            paths.append(ROOT / place)
+    return paths
+
+
+CLEANED: set[Path] = set()  # pages whose outputs this worker removed
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before a page's first block: remove what a last run of the page left in runs/ and
+    logs/, so that a second `make test` in the same checkout prints what the first did (a
+    shard writer would say "0 written, 6 already complete", `--resume auto` would resume a
+    finished run). A page runs whole on one worker (its xdist group), its blocks in order.
+    The SLURM pages share their group and their folders: they clean up in their own blocks.
+    """
+    if not isinstance(item, TestBlock) or item.path in CLEANED:
+        return
+    CLEANED.add(item.path)
+    blocks = [i for i in item.session.items if isinstance(i, TestBlock) and i.path == item.path]
+    code = "".join(block.obj.code for block in blocks)  # every block of the page
+    if SLURM_COMMANDS.search(code):
+        return
+    for path in page_outputs(item.path, code):
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+
+
 def block_failure(item: TestBlock, excinfo: pytest.ExceptionInfo[BaseException]) -> str:
     """A failed page block's report as text: a failed command shows its exit code and output.
 
@@ -123,6 +168,35 @@ def runtest_with_times_masked(self: TestBlock) -> None:
 
 
 TestBlock.runtest = runtest_with_times_masked  # type: ignore[method-assign]
+
+
+UNIT_SECONDS: dict[str, float] = {}  # page or test file -> seconds, summed (suite_budget)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Every phase of every test, on the controller (xdist sends the workers' reports)."""
+    UNIT_SECONDS[unit_of(report.nodeid)] = UNIT_SECONDS.get(unit_of(report.nodeid), 0.0) + (
+        report.duration
+    )
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """The ten slowest pages and test files beside their budgets (tests/suite_budget.py),
+    and, after a run of the whole suite (`pytest ... tests docs`), every unit's time in
+    build/suite_times.json, which tools/suite_times.py records."""
+    if hasattr(config, "workerinput") or not UNIT_SECONDS:
+        return
+    terminalreporter.section("slowest pages and test files (tests/suite_budget.py)")
+    for line in slowest(UNIT_SECONDS):
+        terminalreporter.write_line(line)
+    for line in over_budget(UNIT_SECONDS):
+        terminalreporter.write_line(f"over its budget in this run: {line}")
+    if {"tests", "docs"} <= {Path(a).as_posix().rstrip("/") for a in config.args}:  # a full run
+        out = (
+            ROOT / "build" / "suite_times.json"
+        )  # only a full run's: a partial one would miss units
+        out.parent.mkdir(exist_ok=True)
+        out.write_text(json.dumps(dict(sorted(UNIT_SECONDS.items())), indent=1) + "\n")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -14,9 +14,8 @@ from collections import defaultdict
 
 import pytest
 
-from helpers import ROOT, SLURM_COMMANDS, load_script, runnable_blocks
+from helpers import FAILURE_DEMO, ROOT, SHARED_ON_PURPOSE, SLURM_COMMANDS, places, runnable_blocks
 
-PLACE = re.compile(r"(?<![\w/.\-])(?:runs|logs)/[\w.\-]+")  # a path that starts there
 # A port a command listens on or connects to. Lines that end in `|| echo "exit code $?"`
 # or keep only an error (`| grep -o "...Error`) are failure demos: they stop on their
 # input, or at the rendezvous, before they listen or write a file.
@@ -24,42 +23,7 @@ PORT = re.compile(
     r"--master[-_]port[ =](\d+)|MASTER_PORT=(\d+)|rdzv[-_]endpoint[ =][\w.]+:(\d+)"
     r"|bind\(\(['\"][\d.]+['\"],\s*(\d+)\)\)"
 )
-FAILURE_DEMO = re.compile(r"\|\|\s*echo\s+\"exit code|\|\s*grep -o \"\w*Error")
 DEEPSPEED_LAUNCHER = re.compile(r"(?:^|[;&|]\s*)deepspeed\s")  # listens on 29500 by default
-SCRIPT = re.compile(r"code/scripts/(\w+)\.py")
-# Folders two pages may share, and why that is safe.
-SHARED_ON_PURPOSE = {
-    # prepare_assets() writes the tokenizer and corpus atomically (every rank calls it);
-    # each page trains into a dump folder of its own (runs/torchtitan/out, .../pp).
-    "runs/torchtitan",
-}
-
-
-def script_defaults(name: str) -> tuple[str, ...]:
-    """Where a training script writes when its command names no --output-dir/--log-dir."""
-    script = load_script(name)
-    defaults, flags = getattr(script, "DEFAULTS", None), getattr(script, "FLAGS", ())
-    return tuple(getattr(defaults, f, "") if f in flags else "" for f in ("output_dir", "log_dir"))
-
-
-def places(command: str) -> set[str]:
-    """The runs/ and logs/ folders one command line uses (first level below them)."""
-    if FAILURE_DEMO.search(command):
-        return set()  # the course's rule: bad input writes nothing (its tests check it)
-    found = {_first_level(match) for match in PLACE.findall(command)}
-    for name in SCRIPT.findall(command):
-        output_dir, log_dir = script_defaults(name)
-        if output_dir and "--output-dir" not in command:
-            found.add(_first_level(output_dir))
-        if log_dir and "--log-dir" not in command:
-            found.add(_first_level(log_dir + "/rank_0"))  # each rank writes <log_dir>/rank_N
-    return found
-
-
-def _first_level(path: str) -> str:
-    parts = path.split("/")
-    second = "rank_N" if parts[1].startswith("rank_") else parts[1]
-    return f"{parts[0]}/{second}"
 
 
 def ports(command: str) -> set[int]:

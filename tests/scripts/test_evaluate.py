@@ -23,9 +23,10 @@ import torch
 
 from helpers import TIMEOUTS, load_script, prose, recorded_output, said
 from tinyscale.comm.launch import run_on_ranks
-from tinyscale.core.data import build_datasets, epoch_batches
+from tinyscale.core.data import build_datasets
 from tinyscale.core.errors import run_cli
 from tinyscale.core.metrics import read_metrics
+from tinyscale.core.training import data_and_plan
 from tinyscale.workflows.evaluation import FIX
 
 STEPS, BATCH = 2, "32"
@@ -53,13 +54,11 @@ def distributed_writers(out: str, config: str) -> dict[str, Any]:
     os.environ["TORCH_EXTENSIONS_DIR"] = str(root / "ext")  # DeepSpeed must build nothing
     pipeline = load_script("pipeline_train")
     run = pipeline.check_inputs(pipeline.parse_args([*ranks(root, "ranked", cfg), "--pp", "2"]))
-    data = build_datasets(vocab_size=run.model_cfg.vocab_size,
-                          block_size=run.model_cfg.max_position_embeddings)  # fmt: skip
-    batches = len(epoch_batches(len(data.train), 32, seed=0, epoch=0))
-    pipeline.train(run, batches, data)
+    data, plan = data_and_plan(run.cfg, run.model_cfg)  # what main() computes before joining
+    pipeline.train(run, data, plan)
     shape = load_script("parallel_train")
     run = shape.check_inputs(shape.parse_args([*ranks(root, "dcp", cfg), "--fsdp", "2"]))
-    shape.train(run, data, batches)
+    shape.train(run, *data_and_plan(run.cfg, run.model_cfg))
     deepspeed = load_script("deepspeed_train")
     ds_args = [*ranks(root, "deepspeed", cfg), "--precision", "fp32",
                "--deepspeed-config", "code/config/deepspeed/zero2.json"]  # fmt: skip
