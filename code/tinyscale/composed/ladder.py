@@ -15,6 +15,8 @@ from torch import nn
 
 from tinyscale.comm.launch import run_on_ranks
 from tinyscale.composed.two_d import train_2d
+from tinyscale.context_parallel.cp_model import ContextParallelTransformer, sum_gradients
+from tinyscale.context_parallel.load_balance import SequenceSplit
 from tinyscale.core.config import preset
 from tinyscale.core.model import TinyTransformer
 from tinyscale.core.step import train_step
@@ -23,7 +25,7 @@ from tinyscale.pipeline_parallel.pipeline import Pipeline, PipelineConfig
 from tinyscale.tensor_parallel.tp_model import TensorParallelTransformer
 
 STEPS, BATCH, LR = 3, 8, 1e-2
-RUNGS = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "FSDP2", "TP", "TP + SP", "PP 1F1B")
+RUNGS = ("DDP", "ZeRO-1", "ZeRO-2", "ZeRO-3", "FSDP2", "TP", "TP + SP", "PP 1F1B", "CP ring")
 
 # --8<-- [end:header]
 
@@ -58,7 +60,7 @@ def rung(name: str, sync_norms: bool = True) -> list[float]:
     model, batches = start()
     rank, world = dist.get_rank(), dist.get_world_size()
     mine = slice(rank * BATCH // world, (rank + 1) * BATCH // world)  # a data-parallel share
-    step: nn.Module | ZeRO | Pipeline
+    step: nn.Module | ZeRO | Pipeline | ContextParallelTransformer
     if name == "DDP":
         step = nn.parallel.DistributedDataParallel(model)
     elif name.startswith("ZeRO-"):
@@ -71,6 +73,8 @@ def rung(name: str, sync_norms: bool = True) -> list[float]:
         step = fully_shard(model)
     elif name.startswith("TP"):
         step = TensorParallelTransformer(model, sequence_parallel=name == "TP + SP")
+    elif name == "CP ring":  # each rank a head and a tail of every sequence's positions
+        step = ContextParallelTransformer(model, split=SequenceSplit(world, "headtail"))
     else:
         step = Pipeline(model, config=PipelineConfig(schedule="1f1b", microbatches=4),
                         batch_shape=(BATCH, model.cfg.max_position_embeddings))  # fmt: skip
@@ -82,6 +86,13 @@ def rung(name: str, sync_norms: bool = True) -> list[float]:
             last = torch.tensor(step.step(x, y) or 0.0)
             dist.broadcast(last, src=world - 1)
             losses.append(last.item())
+        elif isinstance(step, ContextParallelTransformer):  # this rank's positions of all
+            share = step(step.split.shard(x, rank), step.split.shard(y, rank))[1]
+            share.backward()
+            sum_gradients(step)  # each rank's gradients cover its positions: add them up
+            whole = share.detach().clone()
+            dist.all_reduce(whole)  # the shares add up to the batch's mean loss
+            losses.append(whole.item())
         elif isinstance(step, TensorParallelTransformer):  # the whole batch on every rank
             loss = step(x, y)[1]
             loss.backward()
