@@ -191,12 +191,11 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.write_line(line)
     for line in over_budget(UNIT_SECONDS):
         terminalreporter.write_line(f"over its budget in this run: {line}")
+    times = json.dumps(dict(sorted(UNIT_SECONDS.items())), indent=1) + "\n"
+    (ROOT / "build").mkdir(exist_ok=True)
+    (ROOT / "build" / "suite_times_last.json").write_text(times)  # this run's, whole or not
     if {"tests", "docs"} <= {Path(a).as_posix().rstrip("/") for a in config.args}:  # a full run
-        out = (
-            ROOT / "build" / "suite_times.json"
-        )  # only a full run's: a partial one would miss units
-        out.parent.mkdir(exist_ok=True)
-        out.write_text(json.dumps(dict(sorted(UNIT_SECONDS.items())), indent=1) + "\n")
+        (ROOT / "build" / "suite_times.json").write_text(times)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -85,3 +85,10 @@ def test_the_memory_claims_hold_for_the_json() -> None:
     assert (
         int(gathered4.replace(",", "")) == saved[(4, "all-gather", 4096)] > saved[(2, "ring", 4096)]
     )
+
+
+def test_the_planners_choice_is_its_recorded_output() -> None:
+    """The sentence after the planner's block names the cp and tp of its recorded line."""
+    cp, tp = said(prose(PAGE), r"So it picks cp (\d) beside tp (\d), a ring of")
+    recorded = "\n".join(recorded_output(PAGE, "--seq-len 131072"))
+    assert f"dp  1 x cp {cp} x tp {tp} x pp 1" in recorded
