@@ -151,7 +151,7 @@ def checkpoint_round_trip() -> dict:
         ShardedOptimizer(m.parameters(), torch.optim.AdamW, lr=1e-2) for m in (restored, fresh)
     ]
     shard.seek(0)
-    optimizers[0].load_state_dict(torch.load(shard))
+    optimizers[0].load_state_dict(torch.load(shard, weights_only=True))
     for m, o in zip((restored, fresh), optimizers, strict=True):
         train(m, o, later, half=True)
     shards = [None] * dist.get_world_size()
