@@ -15,15 +15,13 @@ batch; this script brings the model, the data and the learning-rate schedule.
 """
 
 import argparse
-import contextlib
 import dataclasses
 import json
-import logging
 import math
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,22 +41,18 @@ from tinyscale.compat.deepspeed_config import (
     load_ds_config,
     offloads,
     precision_of,
-    skip_unused_shm_build,
     zero_stage,
 )
 from tinyscale.compat.deepspeed_costs import engine_state_bytes
+from tinyscale.compat.deepspeed_engine import build_engine, quiet_deepspeed
 from tinyscale.core.cli import add_flags, from_args
 from tinyscale.core.data import LMData, build_datasets, get_batch
 from tinyscale.core.errors import ArgumentParser, UsageError, run_cli
 from tinyscale.core.memory import human_bytes
 from tinyscale.core.metrics import MetricsLogger, read_metrics
-from tinyscale.core.model import TinyTransformer
 from tinyscale.core.outputs import check_writable
 from tinyscale.core.training import (
     TrainConfig,
-    lr_at,
-    make_optimizer,
-    seed_everything,
 )
 from tinyscale.data_parallel.ddp_training import (
     BatchSplit,
@@ -129,50 +123,13 @@ def check_inputs(args: argparse.Namespace) -> Run:
 # --8<-- [end:check]
 
 
-# --8<-- [start:engine]
-def build_engine(run: Run, *, total_steps: int) -> "deepspeed.DeepSpeedEngine":  # type: ignore[name-defined] # noqa: F821
-    """Model and optimizer in, a DeepSpeed engine out: it owns partitioning from here on."""
-    import deepspeed
-
-    skip_unused_shm_build()  # on a CPU: no minute-long compile of an op training never calls
-    seed_everything(run.cfg.seed)  # every rank builds Lab 2's initial weights
-    model = TinyTransformer(run.model_cfg)
-    # The optimizer is ours (Lab 1's AdamW and parameter groups) unless the JSON names one:
-    # the offload configs do, so that DeepSpeed steps the CPU-side partitions with its
-    # vectorised CPU Adam instead of torch's. Either way the groups keep Lab 1's settings.
-    own = make_optimizer(model, run.cfg)
-    groups = [{k: g[k] for k in ("params", "lr", "weight_decay")} for g in own.param_groups]
-    if "optimizer" in run.ds_config:
-        own = None
-
-    def schedule(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
-        # Lab 1's warmup and cosine, as a factor on the peak lr; DeepSpeed steps it once
-        # per optimizer step and saves it in every checkpoint
-        return torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: lr_at(step, run.cfg, total_steps) / run.cfg.lr
-        )
-
-    engine, *_ = deepspeed.initialize(
-        model=model,
-        optimizer=own,
-        model_parameters=groups if own is None else None,
-        lr_scheduler=schedule,
-        config=run.ds_config,
-        dist_init_required=False,  # we joined the process group ourselves, with a timeout
-    )
-    return engine
-
-
-# --8<-- [end:engine]
-
-
 # --8<-- [start:loop]
 def train(run: Run, data: LMData) -> dict[str, Any]:
     env, device, cfg, split = run.env, run.device, run.cfg, run.split
     log = rank_logger(env, cfg.log_dir)
     sampler = make_sampler(data.train, env, split, seed=cfg.seed)
     plan = rank_step_plan(sampler, run.split, run.cfg)
-    engine = build_engine(run, total_steps=plan.total_steps)
+    engine = build_engine(run.cfg, run.model_cfg, run.ds_config, total_steps=plan.total_steps)
     torch.manual_seed(cfg.seed + 1 + env.rank)  # each rank its own dropout masks, as in Lab 2
     step = resume_step = 0
     if run.checkpoint is not None:  # weights, optimizer shards, lr schedule, this rank's RNG
@@ -251,19 +208,6 @@ def train(run: Run, data: LMData) -> dict[str, Any]:
         )
     engine.destroy()
     return summary
-
-
-@contextlib.contextmanager
-def quiet_deepspeed() -> Iterator[None]:
-    """DeepSpeed logs its whole config at INFO on stdout; keep warnings, drop the rest."""
-    from deepspeed.utils import logger
-
-    level = logger.level
-    logger.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -9,6 +9,7 @@ tensor_parallel, expert_parallel); those never import them.
     module              taught on
     accelerate_log      workshop/accelerate.md
     deepspeed_config    workshop/deepspeed.md
+    deepspeed_engine    workshop/deepspeed.md
     deepspeed_checkpoint workshop/deepspeed.md
     deepspeed_costs     week-2/deepspeed-zero.md, workshop/deepspeed.md
     zero_vs_deepspeed   week-2/deepspeed-zero.md
