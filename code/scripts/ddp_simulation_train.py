@@ -18,7 +18,7 @@ import dataclasses
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from tinyscale.comm.dist import distributed, exit_without_teardown, rank_logger, rank_spread
 from tinyscale.comm.job import Job, check_job, run_job
+from tinyscale.comm.step_stats import RANK_METRICS, StepStats, log_line
 from tinyscale.core.checkpoint import (
     checkpoint_name,
     load_checkpoint,
@@ -123,37 +124,6 @@ def check_inputs(args: argparse.Namespace) -> Run:
 
 
 # --8<-- [end:check]
-
-
-# --8<-- [start:metrics]
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class StepStats:
-    """What one rank measured in one optimizer step."""
-
-    step: int
-    loss: float  # this rank's own loss: the mean over its shard of the batch
-    samples: int  # samples this rank consumed this step: micro x accum
-    tokens: int
-    seconds: float
-    inputs: torch.Tensor  # (micro x accum, T) the token ids this rank read
-
-
-# Rank-specific metrics: each rank computes these from its own step and logs them.
-RANK_METRICS: dict[str, Callable[[StepStats], float]] = {
-    "tokens/s": lambda s: s.tokens / s.seconds,
-    "samples": lambda s: s.samples,
-}
-
-
-def log_line(stats: StepStats, total: int, global_loss: float, sync: float) -> str:
-    fields = [f"step {stats.step:4d}/{total}", f"loss {stats.loss:.4f}"]
-    fields.append(f"global loss {global_loss:.4f}")
-    fields += [f"{name} {fn(stats):,.0f}" for name, fn in RANK_METRICS.items()]
-    fields.append(f"max param diff vs rank 0 {sync:.1e}")
-    return " | ".join(fields)
-
-
-# --8<-- [end:metrics]
 
 
 # --8<-- [start:setup]

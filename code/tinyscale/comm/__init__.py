@@ -19,5 +19,6 @@ Session C, Lab 2 and Week 1 teach these; they import only tinyscale.core.
     latency         operations/nccl-network.md
     parallel_layout week-4/parallelism-2d-3d.md
     job             workshop/lab-2.md, week-4/train-any-shape.md
+    step_stats      workshop/lab-2.md
 """
 # --8<-- [end:map]
